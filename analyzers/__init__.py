@@ -1,0 +1,1 @@
+"""Trace analyzers: any Kineto trace in, one versioned JSON result out. Never imports torch."""

@@ -1,0 +1,102 @@
+"""The `Comm` interface the reference model talks to, and its torch.distributed implementation.
+
+A `Comm` is one process group seen from one rank, labelled with the parallelism axis it
+serves (tp, cp, ep). Every call is wrapped in a profiler span whose name carries axis, op,
+bytes, dtype, group size and backend, so the analyzers attribute our own runs without
+guessing:  ``commprobe/comm/{axis}/{op}/bytes={n}/dtype={t}/group={g}/backend={b}``.
+
+Collectives know nothing of models: the model sees only these methods.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+SPAN_PREFIX = "commprobe/comm"
+
+
+def span_name(axis: str, op: str, nbytes: int, dtype: torch.dtype, group: int, backend: str) -> str:
+    return f"{SPAN_PREFIX}/{axis}/{op}/bytes={nbytes}/dtype={str(dtype).removeprefix('torch.')}/group={group}/backend={backend}"
+
+
+@runtime_checkable
+class Comm(Protocol):
+    axis: str
+    backend: str
+    rank: int
+    world_size: int
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        """Sum over the group; returns the reduced tensor (may be `x` itself, modified in place)."""
+
+    def all_gather(self, x: Tensor) -> Tensor:
+        """Concatenate every rank's `x` along dim 0, in rank order."""
+
+    def all_to_all(self, x: Tensor, in_splits: list[int], out_splits: list[int]) -> Tensor:
+        """Rows x[sum(in_splits[:j]) : ...] go to rank j; returns the rows received, in rank order."""
+
+    def send_recv(self, x: Tensor, dst: int, src: int) -> Tensor:
+        """Send `x` to group rank `dst` while receiving a tensor of the same shape from `src`."""
+
+    def barrier(self) -> None: ...
+
+
+class TorchComm:
+    """`Comm` over a torch.distributed process group (gloo on CPU, nccl on CUDA/ROCm)."""
+
+    def __init__(self, axis: str, group: dist.ProcessGroup | None = None, ranks: list[int] | None = None):
+        self.axis = axis
+        self.group = group
+        self.ranks = ranks if ranks is not None else list(range(dist.get_world_size()))
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group))
+
+    def _span(self, op: str, x: Tensor):
+        return torch.profiler.record_function(
+            span_name(self.axis, op, x.numel() * x.element_size(), x.dtype, self.world_size, self.backend)
+        )
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        if self.world_size == 1:
+            return x
+        with self._span("all_reduce", x):
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: Tensor) -> Tensor:
+        if self.world_size == 1:
+            return x
+        with self._span("all_gather", x):
+            out = x.new_empty((self.world_size * x.shape[0], *x.shape[1:]))
+            dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+        return out
+
+    def all_to_all(self, x: Tensor, in_splits: list[int], out_splits: list[int]) -> Tensor:
+        if self.world_size == 1:
+            return x
+        with self._span("all_to_all", x):
+            out = x.new_empty((sum(out_splits), *x.shape[1:]))
+            dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
+        return out
+
+    def send_recv(self, x: Tensor, dst: int, src: int) -> Tensor:
+        if self.world_size == 1:
+            return x
+        with self._span("send_recv", x):
+            out = torch.empty_like(x)
+            ops = [
+                dist.P2POp(dist.isend, x.contiguous(), self.ranks[dst], self.group),
+                dist.P2POp(dist.irecv, out, self.ranks[src], self.group),
+            ]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        return out
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self.group)

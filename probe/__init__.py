@@ -1,0 +1,1 @@
+"""Launches ranks, runs the reference model, profiles it, and holds the thin CLI."""

@@ -1,0 +1,161 @@
+"""Start ranks on one host with torch's own spawn; run as one rank under torchrun.
+
+One host: `launch()` spawns `world_size` processes through `torch.multiprocessing`'s spawn
+context, rendezvous over a file store (no port to collide with), and watches them. A rank
+that raises, dies from a signal or outlives `timeout` ends the run with a `LaunchError`
+naming the rank and the cause; the other ranks are stopped and whatever they already wrote
+stays on disk. Many hosts: torchrun (the existing engine) starts the processes and sets
+RANK/WORLD_SIZE/MASTER_ADDR; `under_torchrun()` detects that and `run_this_rank()` runs the
+same worker function in the current process. We never write a multi-host launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class LaunchError(RuntimeError):
+    """A rank failed; `rank` is None when the cause concerns the whole job."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _init_rank(backend: str, timeout: float, init_method: str, rank: int, world: int) -> None:
+    torch.set_num_threads(1)  # one core's worth per rank: ranks share a small host
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout))
+
+
+def run_this_rank(fn: Callable[..., Any], args: tuple = (), *, backend: str | None = None, timeout: float = 300) -> Any:
+    """Under torchrun: initialise from the environment and run `fn` for this process's rank."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _init_rank(backend or default_backend(), timeout, "env://", rank, world)
+    try:
+        return fn(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: str, backend: str, timeout: float) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    outp = Path(out)
+    try:
+        _init_rank(backend, timeout, f"file://{init_file}", rank, world)
+        result = fn(*args)
+        tmp = outp / f"rank{rank}.pkl.tmp"
+        tmp.write_bytes(pickle.dumps(result))
+        tmp.rename(outp / f"rank{rank}.pkl")
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported by the parent
+        (outp / f"rank{rank}.traceback").write_text(traceback.format_exc())
+        (outp / f"rank{rank}.err").write_text(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip())
+        os._exit(1)
+
+
+def _describe_exit(code: int, errfile: Path) -> str:
+    if errfile.exists():
+        return errfile.read_text().strip() or "raised an exception"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _stop(procs: list, grace: float = 2.0) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str | None = None,
+           timeout: float = 300.0, workdir: str | Path | None = None) -> list[Any]:
+    """Run `fn(*args)` on `world_size` spawned ranks; return each rank's result, in rank order.
+
+    `fn` must be importable (a module-level function). Raises LaunchError naming the first
+    rank that failed, or the ranks still running when `timeout` seconds ran out.
+    """
+    backend = backend or default_backend()
+    own_dir = workdir is None
+    out = Path(tempfile.mkdtemp(prefix="commprobe-launch-")) if own_dir else Path(workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    init_file = out / "rendezvous"
+    init_file.unlink(missing_ok=True)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout),
+                         name=f"commprobe-rank{r}") for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while True:
+            failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed:
+                # Prefer a rank that raised on its own over peers that merely lost their connection to it.
+                primary = sorted(failed, key=lambda f: _is_secondary(out / f"rank{f[0]}.err"))[0]
+                r, code = primary
+                _stop(procs)
+                raise LaunchError(f"rank {r} failed: {_describe_exit(code, out / f'rank{r}.err')}", rank=r)
+            if all(p.exitcode == 0 for p in procs):
+                break
+            if time.monotonic() > deadline:
+                alive = [r for r, p in enumerate(procs) if p.is_alive()]
+                _stop(procs)
+                who = "rank" if len(alive) == 1 else "ranks"
+                raise LaunchError(f"{who} {', '.join(map(str, alive))} hung: still running after {timeout:g} s (timeout)",
+                                  rank=alive[0] if alive else None)
+            time.sleep(0.02)
+        results = []
+        for r in range(world_size):
+            f = out / f"rank{r}.pkl"
+            if not f.exists():
+                raise LaunchError(f"rank {r} exited without a result", rank=r)
+            results.append(pickle.loads(f.read_bytes()))
+        return results
+    except KeyboardInterrupt:
+        _stop(procs, grace=1.0)
+        raise
+    finally:
+        _stop(procs)
+        if own_dir:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def _is_secondary(errfile: Path) -> bool:
+    """True for errors a rank gets only because a peer went away first."""
+    if not errfile.exists():
+        return False  # died without raising (a signal): that is a first cause, not a consequence
+    text = errfile.read_text()
+    return any(s in text for s in ("Connection closed by peer", "Connection reset", "Broken pipe", "DistBackendError"))

@@ -1,0 +1,1 @@
+"""Renderers of analyzer results (HTML, terminal). They compute nothing new."""

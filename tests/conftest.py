@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"real traces not found at {SHARED_TRACES}")
+    return SHARED_TRACES
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
+    """Run the real console entry point in a subprocess (exit codes and stderr as a user sees them)."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "probe.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)
