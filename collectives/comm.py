@@ -16,12 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-SPAN_PREFIX = "commprobe/comm"
-
-
-def span_name(axis: str, op: str, nbytes: int, dtype: torch.dtype, group: int, backend: str) -> str:
-    return f"{SPAN_PREFIX}/{axis}/{op}/bytes={nbytes}/dtype={str(dtype).removeprefix('torch.')}/group={group}/backend={backend}"
-
+from .spans import comm_span
 
 @runtime_checkable
 class Comm(Protocol):
@@ -57,9 +52,7 @@ class TorchComm:
         self.backend = str(dist.get_backend(group))
 
     def _span(self, op: str, x: Tensor):
-        return torch.profiler.record_function(
-            span_name(self.axis, op, x.numel() * x.element_size(), x.dtype, self.world_size, self.backend)
-        )
+        return comm_span(self.axis, op, x, self.world_size, self.backend)
 
     def all_reduce(self, x: Tensor) -> Tensor:
         if self.world_size == 1:

@@ -43,12 +43,13 @@ def profile(
     repeats: int = typer.Option(3, help="Measured repetitions of prefill + decode (after one warm-up)."),
     seed: int = typer.Option(0, help="Seed of the random weights and prompt."),
     checkpoint: Optional[str] = typer.Option(None, help="HF-format directory (config.json + safetensors)."),
-    backend: str = typer.Option("auto", help="Collective backend: auto, gloo, nccl."),
+    backend: str = typer.Option("auto", help="Collective backend: auto, gloo, nccl, rccl, dda."),
     timeout: float = typer.Option(300.0, help="Seconds before a rank that has not finished is called hung."),
     oversubscribe: bool = typer.Option(False, help="Allow more ranks than CPU cores."),
 ) -> None:
     """Run prefill + decode on TP ranks and print TTFT, TTIT (median, p90) and tokens/s per rank."""
-    from probe.launch import LaunchError, default_backend, launch, run_this_rank, under_torchrun
+    from collectives.backends import BACKENDS, process_group_backend
+    from probe.launch import LaunchError, launch, run_this_rank, under_torchrun
     from probe.run import RunConfig, run_rank
     from reference_impl.config import get_preset
     from reference_impl.tp import check_tp
@@ -69,15 +70,16 @@ def profile(
         fail(str(e))
     if prompt_len + steps > mcfg.max_seq_len:
         fail(f"--prompt-len + --steps = {prompt_len + steps} exceeds the model's max_seq_len {mcfg.max_seq_len}")
+    if backend not in BACKENDS:
+        fail(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
     if backend == "auto":
-        backend = default_backend()
-    if backend not in ("gloo", "nccl"):
-        fail(f"unknown backend {backend!r} (known here: auto, gloo, nccl)")
+        backend = process_group_backend("auto")
+    pg_backend = process_group_backend(backend)
     cfg = RunConfig(preset=preset, tp=tp, batch=batch, prompt_len=prompt_len, decode_steps=steps, repeats=repeats,
                     seed=seed, checkpoint=checkpoint, backend=backend, timeout=timeout)
 
     if under_torchrun():
-        results = [run_this_rank(run_rank, (cfg,), backend=backend, timeout=timeout)]
+        results = [run_this_rank(run_rank, (cfg,), backend=pg_backend, timeout=timeout)]
     else:
         cores = os.cpu_count() or 1
         if cfg.world_size > cores and not oversubscribe:
@@ -85,7 +87,7 @@ def profile(
         out.print(f"[bold]commprobe profile[/]: preset {mcfg.name}, TP={tp}, backend {backend}, "
                   f"batch {batch}, prompt {prompt_len}, {steps} decode steps x {repeats} repeats", highlight=False)
         try:
-            results = launch(run_rank, cfg.world_size, (cfg,), backend=backend, timeout=timeout)
+            results = launch(run_rank, cfg.world_size, (cfg,), backend=pg_backend, timeout=timeout)
         except LaunchError as e:
             fail(str(e), code=1)
 

@@ -18,6 +18,7 @@ import signal
 import tempfile
 import time
 import traceback
+from itertools import count
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+_launches = count()
 
 
 class LaunchError(RuntimeError):
@@ -61,8 +65,10 @@ def run_this_rank(fn: Callable[..., Any], args: tuple = (), *, backend: str | No
         dist.destroy_process_group()
 
 
-def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: str, backend: str, timeout: float) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: str, backend: str, timeout: float,
+           shm_tag: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      COMMPROBE_SHM_TAG=shm_tag)
     outp = Path(out)
     try:
         _init_rank(backend, timeout, f"file://{init_file}", rank, world)
@@ -114,7 +120,8 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     init_file = out / "rendezvous"
     init_file.unlink(missing_ok=True)
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout),
+    shm_tag = f"{os.getpid()}x{next(_launches)}"
+    procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout, shm_tag),
                          name=f"commprobe-rank{r}") for r in range(world_size)]
     try:
         for p in procs:
@@ -149,8 +156,17 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
         raise
     finally:
         _stop(procs)
+        _remove_shared_memory(shm_tag)
         if own_dir:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def _remove_shared_memory(tag: str) -> None:
+    """Ranks unlink their segments once mapped; this catches one that died before it could."""
+    from collectives.dda import SHM_PREFIX, shm_dir
+
+    for f in shm_dir().glob(f"{SHM_PREFIX}-{tag}-*"):
+        f.unlink(missing_ok=True)
 
 
 def _is_secondary(errfile: Path) -> bool:

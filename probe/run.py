@@ -90,10 +90,10 @@ def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
 
 def run_rank(cfg: RunConfig) -> RankTimings:
     """Body of one rank (spawned, or started by torchrun)."""
-    from collectives.comm import TorchComm
+    from collectives.backends import make_comm
     from reference_impl.tp import apply_tp, local_param_bytes
 
-    comm = TorchComm("tp")
+    comm = make_comm(cfg.backend, "tp", timeout=cfg.timeout) if cfg.backend == "dda" else make_comm(cfg.backend, "tp")
     model = apply_tp(load_model(cfg), comm)
     prompt = make_prompt(model.cfg.vocab_size, cfg.batch, cfg.prompt_len, cfg.seed)
     total = cfg.prompt_len + cfg.decode_steps

@@ -60,3 +60,10 @@ def test_hanging_rank_is_timed_out():
                 env={"COMMPROBE_TEST_FAULT": "hang:1"})
     assert r.returncode == 1
     assert "hung: still running after 20 s" in r.stderr and "1" in r.stderr, r.stderr
+
+
+def test_profile_with_dda_backend_matches_gloo_tokens():
+    args = ["profile", "--preset", "tiny", "--steps", "4", "--repeats", "1"]
+    a, b = run_cli(*args, "--backend", "gloo"), run_cli(*args, "--backend", "dda")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert "backend dda" in b.stdout

@@ -20,3 +20,107 @@ def tp_generate(cfgs: list[ModelConfig], prompt: torch.Tensor, steps: int) -> li
             logits, toks = greedy_generate(model, prompt, steps)
             out.append((logits.clone(), toks.clone()))
     return out
+
+
+# ---- collectives ----
+
+def _rand(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Fresh random data per call and rank, never zeros."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, generator=g) + 0.5
+    sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
+    return (x * sign).to(dtype)
+
+
+def dda_allreduce_vs_gloo(sizes: list[int], dtypes: list[torch.dtype], pure: bool, slot_bytes: int) -> list[tuple]:
+    """Allreduce the same fresh random inputs through gloo and DDA; return (n, dtype, max |diff|, max |ref|)."""
+    import torch.distributed as dist
+
+    from collectives.dda import DDAComm
+
+    rank = dist.get_rank()
+    dda = DDAComm("tp", pure=pure, slot_bytes=slot_bytes)
+    rows = []
+    for i, n in enumerate(sizes):
+        for j, dt in enumerate(dtypes):
+            x = _rand(n, dt, seed=1000 * i + 10 * j + rank)
+            ref = x.clone()
+            dist.all_reduce(ref)
+            got = dda.all_reduce(x.clone())
+            rows.append((n, str(dt), (got.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()))
+    # Same answer on every rank, bit for bit (one-shot and two-shot both reduce in rank order).
+    check = dda.all_reduce(_rand(4099, torch.float32, seed=77 + rank))
+    gathered = [torch.empty_like(check) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, check)
+    assert all(torch.equal(gathered[0], g) for g in gathered), "ranks disagree"
+    dda.close()
+    return rows
+
+
+def dda_back_to_back(calls: int, pure: bool, slot_bytes: int) -> int:
+    """Back-to-back allreduces, no barrier, sizes and data changing every call; exact integer sums."""
+    import torch.distributed as dist
+
+    from collectives.dda import DDAComm
+
+    rank, w = dist.get_rank(), dist.get_world_size()
+    dda = DDAComm("tp", pure=pure, slot_bytes=slot_bytes, twoshot_min_bytes=16 << 10)
+    sizes = [1, 3, 1000, 5003, 40000]  # one-shot, two-shot, and chunked past the slot
+    bad = 0
+    for i in range(calls):
+        n = sizes[i % len(sizes)]
+        base = (torch.arange(n, dtype=torch.float32) % 97) + (i % 1013) + 1
+        got = dda.all_reduce(base * (rank + 1))
+        if not torch.equal(got, base * (w * (w + 1) // 2)):
+            bad += 1
+    dda.close()
+    return bad
+
+
+def dda_other_ops(pure: bool, slot_bytes: int) -> dict:
+    """all_gather, all_to_all (uneven and zero splits) and ring send/recv equal gloo's."""
+    import torch.distributed as dist
+
+    from collectives.comm import TorchComm
+    from collectives.dda import DDAComm
+
+    rank, w = dist.get_rank(), dist.get_world_size()
+    dda, ref = DDAComm("ep", pure=pure, slot_bytes=slot_bytes), TorchComm("ep")
+    out = {}
+    x = _rand(37 * 5, torch.float32, seed=rank).view(37, 5)
+    out["all_gather"] = torch.equal(dda.all_gather(x), ref.all_gather(x))
+    # splits[src][dst] rows; zeros included, one pair large enough to need several rounds
+    splits = [[(s * 7 + d * 3 + 1) % 5 * (s + 1) for d in range(w)] for s in range(w)]
+    splits[0][w - 1] = 0
+    splits[w - 1][0] = 3000
+    for dt in (torch.float32, torch.bfloat16):
+        rows = sum(splits[rank])
+        x = _rand(rows * 16, dt, seed=50 + rank).view(rows, 16)
+        in_s, out_s = splits[rank], [splits[s][rank] for s in range(w)]
+        out[f"all_to_all_{dt}"] = torch.equal(dda.all_to_all(x, in_s, out_s), ref.all_to_all(x, in_s, out_s))
+    for n in (1, 333, 100_000):
+        x = _rand(n, torch.float16, seed=90 + rank)
+        dst, src = (rank + 1) % w, (rank - 1) % w
+        out[f"send_recv_{n}"] = torch.equal(dda.send_recv(x, dst, src), ref.send_recv(x, dst, src))
+    dda.barrier()
+    dda.close()
+    return out
+
+
+def dda_then_die(die_rank: int) -> None:
+    """Set DDA up, run a few calls, then one rank is killed mid-stream."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    from collectives.dda import DDAComm, SHM_PREFIX, shm_dir
+
+    dda = DDAComm("tp", timeout=30)
+    for i in range(5):
+        dda.all_reduce(torch.ones(100))
+    assert not list(shm_dir().glob(f"{SHM_PREFIX}-*{os.environ['COMMPROBE_SHM_TAG']}*")), "segment still named"
+    if dist.get_rank() == die_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    for i in range(100000):
+        dda.all_reduce(torch.ones(100))

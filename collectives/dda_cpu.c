@@ -1,0 +1,356 @@
+/*
+ * commprobe DDA (Direct Data Access) collectives over shared memory between processes.
+ *
+ * Layout of the shared segment (one per process group, mapped by every rank):
+ *   [ header: one rank_hdr_t per rank ][ data: 2 buffers x world slots x slot_bytes ]
+ * Every rank writes only into its own slot; peers read it directly ("direct data access").
+ *
+ * Steps. Each collective is one or more *steps* numbered k = 1, 2, ... identically on every
+ * rank (chunks of a large message and all-to-all rounds are steps too). Step k uses data
+ * buffer k & 1 (double buffering). A rank publishes "my slot for step k is written" by
+ * storing k into its `ready` flag; two-shot publishes its reduced chunk through `ready2`.
+ *
+ * Buffer reuse. Before writing its slot for step k, a rank waits until every peer's `ready`
+ * is >= k - 1: a peer that has started step k - 1 has finished reading step k - 2, which used
+ * the same buffer. After a one-shot, two-shot, all-gather or all-to-all this already holds
+ * (one acquire load per peer); after a ring send/recv it can really wait.
+ *
+ * Memory ordering (why this is correct beyond x86). Flag stores are __atomic stores with
+ * sequentially consistent (so at least release) ordering: every load and store of the slot
+ * done before the store is visible before the flag. Flag loads are acquire (seq_cst when
+ * deciding to sleep): data read after seeing the flag is the data written before it. The
+ * sleep/wake handshake is Dekker-style with seq_cst on both sides: a waiter increments
+ * `waiters` then re-reads the flag; a poster stores the flag then reads `waiters`. Total
+ * order guarantees at least one of them sees the other, so a wake-up is never lost, and
+ * FUTEX_WAIT itself re-checks the word atomically before sleeping.
+ *
+ * Waiting. Spin `spin` times with a pause instruction, then sleep on a futex (shared, not
+ * private: the word lives in a MAP_SHARED file mapping) in 5 ms slices until a deadline.
+ * Sleeping is what keeps 4 ranks on 2 cores fast: a spinner holds its core for a whole
+ * scheduler slice while the rank it waits for cannot run.
+ */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CL 64
+#define MAXW 64
+#define BLOCK 2048 /* elements reduced per pass, so partial sums stay in L1 */
+
+typedef struct {
+    uint32_t val;
+    uint32_t waiters;
+    char pad[CL - 8];
+} flag_t;
+
+typedef struct {
+    flag_t ready;       /* step k: my slot holds my input (or my round's rows) */
+    flag_t ready2;      /* step k (two-shot): my reduced chunk is in my slot */
+    uint64_t rounds[2]; /* all-to-all: rounds this rank needs, per data buffer */
+    char pad[CL - 16];
+} rank_hdr_t;
+
+typedef struct {
+    char *base;
+    rank_hdr_t *hdr;
+    char *data;
+    int world, rank;
+    uint64_t slot_bytes;
+    uint32_t k; /* last step started */
+    int spin;
+    int64_t timeout_ns;
+} dda_ctx;
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+static const int ELSIZE[3] = {4, 2, 2};
+
+uint64_t dda_header_bytes(int world) { return (uint64_t)world * sizeof(rank_hdr_t); }
+
+uint64_t dda_segment_bytes(int world, uint64_t slot_bytes) {
+    return dda_header_bytes(world) + 2ull * (uint64_t)world * slot_bytes;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static inline int reached(uint32_t v, uint32_t target) { return (int32_t)(v - target) >= 0; }
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* Wait until f->val >= target; 0 on success, -1 on timeout. */
+static int wait_ge(dda_ctx *c, flag_t *f, uint32_t target) {
+    if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
+    for (int i = 0; i < c->spin; i++) {
+        cpu_relax();
+        if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
+    }
+    int64_t deadline = now_ns() + c->timeout_ns;
+    struct timespec slice = {0, 5 * 1000 * 1000};
+    for (;;) {
+        __atomic_fetch_add(&f->waiters, 1, __ATOMIC_SEQ_CST);
+        uint32_t v = __atomic_load_n(&f->val, __ATOMIC_SEQ_CST);
+        if (!reached(v, target)) syscall(SYS_futex, &f->val, FUTEX_WAIT, v, &slice, NULL, 0);
+        __atomic_fetch_sub(&f->waiters, 1, __ATOMIC_SEQ_CST);
+        if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
+        if (now_ns() > deadline) return -1;
+    }
+}
+
+static void post(flag_t *f, uint32_t v) {
+    __atomic_store_n(&f->val, v, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&f->waiters, __ATOMIC_SEQ_CST) > 0)
+        syscall(SYS_futex, &f->val, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static inline char *slot(dda_ctx *c, uint32_t k, int r) {
+    return c->data + ((uint64_t)(k & 1) * c->world + r) * c->slot_bytes;
+}
+
+/* Start step k: make sure every peer is done with this buffer's previous use. Returns k,
+ * or -(peer + 1) when a peer did not arrive before the deadline. */
+static int64_t begin_step(dda_ctx *c) {
+    uint32_t k = ++c->k;
+    for (int p = 0; p < c->world; p++) {
+        if (p == c->rank) continue;
+        if (wait_ge(c, &c->hdr[p].ready, k - 1)) return -(p + 1);
+    }
+    return k;
+}
+
+static int wait_all(dda_ctx *c, int second, uint32_t k) {
+    for (int p = 0; p < c->world; p++) {
+        if (p == c->rank) continue;
+        flag_t *f = second ? &c->hdr[p].ready2 : &c->hdr[p].ready;
+        if (wait_ge(c, f, k)) return -(p + 1);
+    }
+    return 0;
+}
+
+/* ---- reduction: out[i] = src[0][i] + src[1][i] + ... in rank order, identical on every rank ---- */
+
+static inline float bf16_to_f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t f_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static void reduce(int dtype, char *out, char *const *src, int nsrc, uint64_t first, uint64_t n) {
+    float acc[BLOCK];
+    for (uint64_t b0 = first; b0 < first + n; b0 += BLOCK) {
+        uint64_t m = first + n - b0 < BLOCK ? first + n - b0 : BLOCK;
+        if (dtype == DT_F32) {
+            float *o = (float *)out + b0;
+            const float *a = (const float *)src[0] + b0, *b = (const float *)src[1] + b0;
+            for (uint64_t i = 0; i < m; i++) acc[i] = a[i] + b[i];
+            for (int s = 2; s < nsrc; s++) {
+                const float *x = (const float *)src[s] + b0;
+                for (uint64_t i = 0; i < m; i++) acc[i] += x[i];
+            }
+            memcpy(o, acc, m * 4);
+        } else if (dtype == DT_BF16) {
+            for (int s = 0; s < nsrc; s++) {
+                const uint16_t *x = (const uint16_t *)src[s] + b0;
+                if (s == 0)
+                    for (uint64_t i = 0; i < m; i++) acc[i] = bf16_to_f(x[i]);
+                else
+                    for (uint64_t i = 0; i < m; i++) acc[i] += bf16_to_f(x[i]);
+            }
+            uint16_t *o = (uint16_t *)out + b0;
+            for (uint64_t i = 0; i < m; i++) o[i] = f_to_bf16(acc[i]);
+        } else {
+            for (int s = 0; s < nsrc; s++) {
+                const _Float16 *x = (const _Float16 *)src[s] + b0;
+                if (s == 0)
+                    for (uint64_t i = 0; i < m; i++) acc[i] = (float)x[i];
+                else
+                    for (uint64_t i = 0; i < m; i++) acc[i] += (float)x[i];
+            }
+            _Float16 *o = (_Float16 *)out + b0;
+            for (uint64_t i = 0; i < m; i++) o[i] = (_Float16)acc[i];
+        }
+    }
+}
+
+/* ---- public API ---- */
+
+dda_ctx *dda_open(char *base, int world, int rank, uint64_t slot_bytes, int spin, double timeout_s) {
+    if (world < 1 || world > MAXW || rank < 0 || rank >= world || slot_bytes % CL) return NULL;
+    dda_ctx *c = calloc(1, sizeof(dda_ctx));
+    if (!c) return NULL;
+    c->base = base;
+    c->hdr = (rank_hdr_t *)base;
+    c->data = base + dda_header_bytes(world);
+    c->world = world;
+    c->rank = rank;
+    c->slot_bytes = slot_bytes;
+    c->spin = spin;
+    c->timeout_ns = (int64_t)(timeout_s * 1e9);
+    c->k = __atomic_load_n(&c->hdr[rank].ready.val, __ATOMIC_ACQUIRE);
+    return c;
+}
+
+void dda_close(dda_ctx *c) { free(c); }
+
+void dda_set_spin(dda_ctx *c, int spin) { c->spin = spin; }
+
+/* One-shot allreduce, in place allowed (out == in). Returns 0 or -(peer + 1). */
+int dda_allreduce_oneshot(dda_ctx *c, const char *in, char *out, uint64_t n, int dtype) {
+    uint64_t es = ELSIZE[dtype], per = c->slot_bytes / es;
+    char *src[MAXW];
+    for (uint64_t off = 0; off < n || off == 0; off += per) {
+        uint64_t m = n - off < per ? n - off : per;
+        int64_t k = begin_step(c);
+        if (k < 0) return (int)k;
+        memcpy(slot(c, k, c->rank), in + off * es, m * es);
+        post(&c->hdr[c->rank].ready, (uint32_t)k);
+        int rc = wait_all(c, 0, k);
+        if (rc) return rc;
+        for (int p = 0; p < c->world; p++) src[p] = slot(c, k, p);
+        if (c->world == 1)
+            memcpy(out + off * es, in + off * es, m * es);
+        else
+            reduce(dtype, out + off * es, src, c->world, 0, m);
+        if (n == 0) break;
+    }
+    return 0;
+}
+
+/* Two-shot: reduce-scatter by direct reads (rank r reduces chunk r from every slot and writes it
+ * back into its own slot), then all-gather by direct reads of the reduced chunks. */
+int dda_allreduce_twoshot(dda_ctx *c, const char *in, char *out, uint64_t n, int dtype) {
+    uint64_t es = ELSIZE[dtype], per = c->slot_bytes / es;
+    int w = c->world;
+    char *src[MAXW];
+    if (w == 1) return dda_allreduce_oneshot(c, in, out, n, dtype);
+    for (uint64_t off = 0; off < n; off += per) {
+        uint64_t m = n - off < per ? n - off : per;
+        uint64_t chunk = (m + w - 1) / w;
+        uint64_t line = CL / es;
+        chunk = (chunk + line - 1) / line * line; /* whole cache lines per rank: no false sharing */
+        int64_t k = begin_step(c);
+        if (k < 0) return (int)k;
+        memcpy(slot(c, k, c->rank), in + off * es, m * es);
+        post(&c->hdr[c->rank].ready, (uint32_t)k);
+        int rc = wait_all(c, 0, k);
+        if (rc) return rc;
+        uint64_t lo = (uint64_t)c->rank * chunk;
+        if (lo < m) {
+            uint64_t len = m - lo < chunk ? m - lo : chunk;
+            for (int p = 0; p < w; p++) src[p] = slot(c, k, p);
+            reduce(dtype, slot(c, k, c->rank), src, w, lo, len);
+        }
+        post(&c->hdr[c->rank].ready2, (uint32_t)k);
+        for (int i = 0; i < w; i++) {
+            int p = (c->rank + i) % w; /* stagger so ranks do not all read the same slot at once */
+            if (p != c->rank && wait_ge(c, &c->hdr[p].ready2, k)) return -(p + 1);
+            uint64_t plo = (uint64_t)p * chunk;
+            if (plo >= m) continue;
+            uint64_t len = m - plo < chunk ? m - plo : chunk;
+            memcpy(out + (off + plo) * es, slot(c, k, p) + plo * es, len * es);
+        }
+    }
+    return 0;
+}
+
+/* All-gather of `nbytes` from every rank into out (rank order). */
+int dda_all_gather(dda_ctx *c, const char *in, char *out, uint64_t nbytes) {
+    uint64_t per = c->slot_bytes;
+    for (uint64_t off = 0; off < nbytes; off += per) {
+        uint64_t m = nbytes - off < per ? nbytes - off : per;
+        int64_t k = begin_step(c);
+        if (k < 0) return (int)k;
+        memcpy(slot(c, k, c->rank), in + off, m);
+        post(&c->hdr[c->rank].ready, (uint32_t)k);
+        for (int i = 0; i < c->world; i++) {
+            int p = (c->rank + i) % c->world;
+            if (p != c->rank && wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);
+            memcpy(out + (uint64_t)p * nbytes + off, slot(c, k, p), m);
+        }
+    }
+    return 0;
+}
+
+/* All-to-all with byte splits. Each slot is cut into world sub-slots of `cap` bytes, one per
+ * destination; rows move in rounds of at most `cap` bytes per pair. The number of rounds is agreed
+ * through the header in round 0 (each rank publishes what its sends need; all take the max). */
+int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uint64_t *in_len,
+                   char *out, const uint64_t *out_off, const uint64_t *out_len) {
+    int w = c->world;
+    uint64_t cap = (c->slot_bytes / w) & ~(uint64_t)(CL - 1);
+    uint64_t mine = 0;
+    for (int d = 0; d < w; d++) {
+        uint64_t r = (in_len[d] + cap - 1) / cap;
+        if (r > mine) mine = r;
+    }
+    uint64_t rounds = 1;
+    for (uint64_t r = 0; r < rounds; r++) {
+        int64_t k = begin_step(c);
+        if (k < 0) return (int)k;
+        char *my = slot(c, k, c->rank);
+        for (int d = 0; d < w; d++) {
+            uint64_t o = r * cap;
+            if (o < in_len[d]) memcpy(my + d * cap, in + in_off[d] + o, in_len[d] - o < cap ? in_len[d] - o : cap);
+        }
+        if (r == 0) c->hdr[c->rank].rounds[k & 1] = mine; /* published by the release below */
+        post(&c->hdr[c->rank].ready, (uint32_t)k);
+        for (int i = 0; i < w; i++) {
+            int p = (c->rank + i) % w;
+            if (p != c->rank && wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);
+            if (r == 0 && c->hdr[p].rounds[k & 1] > rounds) rounds = c->hdr[p].rounds[k & 1];
+            uint64_t o = r * cap;
+            if (o < out_len[p])
+                memcpy(out + out_off[p] + o, slot(c, k, p) + (uint64_t)c->rank * cap,
+                       out_len[p] - o < cap ? out_len[p] - o : cap);
+        }
+        if (r == 0 && mine > rounds) rounds = mine;
+    }
+    return 0;
+}
+
+/* Ring exchange: every rank of the group calls it at once with the same byte count; send `in`
+ * to `dst`, receive from `src`. */
+int dda_send_recv(dda_ctx *c, const char *in, char *out, uint64_t nbytes, int dst, int src) {
+    uint64_t per = c->slot_bytes;
+    (void)dst; /* readiness of dst is covered by begin_step's wait on every peer */
+    for (uint64_t off = 0; off < nbytes; off += per) {
+        uint64_t m = nbytes - off < per ? nbytes - off : per;
+        int64_t k = begin_step(c);
+        if (k < 0) return (int)k;
+        memcpy(slot(c, k, c->rank), in + off, m);
+        post(&c->hdr[c->rank].ready, (uint32_t)k);
+        if (src != c->rank && wait_ge(c, &c->hdr[src].ready, k)) return -(src + 1);
+        memcpy(out + off, slot(c, k, src), m);
+    }
+    return 0;
+}
+
+/* A step with no data: every rank arrives before any leaves. */
+int dda_barrier(dda_ctx *c) {
+    int64_t k = begin_step(c);
+    if (k < 0) return (int)k;
+    post(&c->hdr[c->rank].ready, (uint32_t)k);
+    return wait_all(c, 0, k);
+}

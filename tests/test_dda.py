@@ -1,0 +1,80 @@
+"""DDA on CPU shared memory equals gloo; races, chunking, all-to-all, cleanup. Both code paths."""
+
+import os
+
+import pytest
+import torch
+
+from collectives.dda import SHM_PREFIX, load_library, shm_dir
+from probe.launch import LaunchError, launch
+from tests import workers
+
+PATHS = [pytest.param(False, id="compiled"), pytest.param(True, id="torch-fallback")]
+SIZES = [1, 2, 3, 15, 16, 17, 1023, 4097, 65537, 262143, 2 * 1024 * 1024 + 3]  # to 8 MiB of fp32, odd counts
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {"torch.float32": 2e-6, "torch.bfloat16": 1e-2, "torch.float16": 2e-3}
+
+
+def test_compiled_kernels_build_here():
+    lib, why = load_library()
+    assert lib is not None, why
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("pure", PATHS)
+def test_allreduce_equals_gloo(world, pure):
+    sizes = SIZES if not pure else SIZES[:-1]  # the fallback is slow; it gets 1 MiB
+    for rows in launch(workers.dda_allreduce_vs_gloo, world, (sizes, DTYPES, pure, 8 << 20), timeout=300):
+        for n, dt, diff, mag in rows:
+            assert diff <= TOL[dt] * max(1.0, mag), f"world {world} n={n} {dt}: |dda - gloo| = {diff}"
+
+
+@pytest.mark.parametrize("pure", PATHS)
+def test_allreduce_chunks_past_the_buffer(pure):
+    for rows in launch(workers.dda_allreduce_vs_gloo, 3, ([1, 4096, 100_003], DTYPES, pure, 4096), timeout=300):
+        for n, dt, diff, mag in rows:
+            assert diff <= TOL[dt] * max(1.0, mag), f"n={n} {dt}: |dda - gloo| = {diff}"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_thousand_back_to_back_calls_without_barrier(world):
+    bad = launch(workers.dda_back_to_back, world, (1000, False, 64 << 10), timeout=300)
+    assert bad == [0] * world
+
+
+def test_back_to_back_fallback():
+    assert launch(workers.dda_back_to_back, 3, (200, True, 64 << 10), timeout=300) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("pure", PATHS)
+def test_all_gather_all_to_all_send_recv_equal_gloo(world, pure):
+    for rank, res in enumerate(launch(workers.dda_other_ops, world, (pure, 16 << 10), timeout=300)):
+        assert all(res.values()), f"rank {rank}: {res}"
+
+
+def test_shared_memory_gone_after_exit_and_after_a_kill():
+    before = set(shm_dir().glob(f"{SHM_PREFIX}-*"))
+    launch(workers.dda_back_to_back, 2, (10, False, 64 << 10), timeout=120)
+    with pytest.raises(LaunchError, match="rank 1 failed: killed by SIGKILL"):
+        launch(workers.dda_then_die, 2, (1,), timeout=120)
+    assert set(shm_dir().glob(f"{SHM_PREFIX}-*")) <= before
+
+
+def test_fallback_says_why(monkeypatch, capfd):
+    import collectives.dda as dda
+
+    monkeypatch.setattr(dda, "_LIB", None)
+    monkeypatch.setattr(dda, "_LIB_REASON", "")
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(dda.shutil, "which", lambda name: None)
+    lib, why = dda.load_library()
+    assert lib is None and "no C compiler" in why
+
+
+def test_gpu_dda_skips_with_a_reason_on_cpu():
+    from collectives.dda_symm import symm_mem_unavailable_reason
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the symmetric-memory path is checked by bench/gpu_check.py")
+    assert "no CUDA" in symm_mem_unavailable_reason()
