@@ -37,10 +37,13 @@ from .spans import comm_span
 _SRC = Path(__file__).with_name("dda_cpu.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 SHM_PREFIX = "commprobe-dda"
-DEFAULT_SLOT_BYTES = 8 << 20
+# Per rank and buffer. Large messages move in slot-sized steps; 1 MiB steps stay in this host's
+# 1 MiB-per-core L2 and beat 8 MiB steps 3x at 16 MiB (bench/RESULTS.md).
+DEFAULT_SLOT_BYTES = 1 << 20
+DEFAULT_SPIN_US = 1000.0
 # One-shot below, two-shot from this size on; chosen from `commprobe bench collectives` on this
 # machine (bench/RESULTS.md); override with twoshot_min_bytes= or COMMPROBE_DDA_TWOSHOT_MIN.
-DEFAULT_TWOSHOT_MIN = 256 << 10
+DEFAULT_TWOSHOT_MIN = 32 << 10
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 
 
@@ -105,9 +108,9 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
         return None, _LIB_REASON
     vp, u64, i32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
     lib.dda_segment_bytes.argtypes, lib.dda_segment_bytes.restype = [i32, u64], u64
-    lib.dda_open.argtypes, lib.dda_open.restype = [vp, i32, i32, u64, i32, ctypes.c_double], vp
+    lib.dda_open.argtypes, lib.dda_open.restype = [vp, i32, i32, u64, ctypes.c_double, ctypes.c_double], vp
     lib.dda_close.argtypes, lib.dda_close.restype = [vp], None
-    lib.dda_set_spin.argtypes, lib.dda_set_spin.restype = [vp, i32], None
+    lib.dda_set_spin.argtypes, lib.dda_set_spin.restype = [vp, ctypes.c_double], None
     for name in ("dda_allreduce_oneshot", "dda_allreduce_twoshot"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = [vp, vp, vp, u64, i32], i32
     lib.dda_all_gather.argtypes, lib.dda_all_gather.restype = [vp, vp, vp, u64], i32
@@ -133,10 +136,12 @@ class DDAComm:
 
     def __init__(self, axis: str, group: dist.ProcessGroup | None = None, ranks: list[int] | None = None, *,
                  slot_bytes: int = DEFAULT_SLOT_BYTES, twoshot_min_bytes: int | None = None,
-                 spin: int | None = None, timeout: float = 300.0, pure: bool | None = None):
+                 spin_us: float | None = None, timeout: float = 300.0, pure: bool | None = None):
         self.axis, self.group = axis, group
         self.ranks = ranks if ranks is not None else list(range(dist.get_world_size()))
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        env_slot = os.environ.get("COMMPROBE_DDA_SLOT")
+        slot_bytes = int(env_slot) if env_slot else slot_bytes
         self.slot_bytes = (slot_bytes + 63) // 64 * 64
         env_min = os.environ.get("COMMPROBE_DDA_TWOSHOT_MIN")
         self.twoshot_min_bytes = twoshot_min_bytes if twoshot_min_bytes is not None else (
@@ -146,10 +151,12 @@ class DDAComm:
         self.compiled = lib is not None
         if not self.compiled and self.rank == 0:
             print(f"commprobe: DDA runs its torch fallback (slower): {why}", file=sys.stderr)
-        # Spin only while our ranks fit on the cores; oversubscribed, sleep almost at once.
+        # Spin only while our ranks fit on the cores (a spinning rank then wastes nothing but its
+        # own idle core); oversubscribed, sleep at once so the rank we wait for can run.
         cores = os.cpu_count() or 1
-        env_spin = os.environ.get("COMMPROBE_DDA_SPIN")
-        self.spin = spin if spin is not None else int(env_spin) if env_spin else (2000 if self.world_size <= cores else 20)
+        env_spin = os.environ.get("COMMPROBE_DDA_SPIN_US")
+        self.spin_us = spin_us if spin_us is not None else float(env_spin) if env_spin else (
+            DEFAULT_SPIN_US if self.world_size <= cores else 0.0)
         self._k = 0
         self._closed = False
         seg = self._segment_bytes()
@@ -158,7 +165,7 @@ class DDAComm:
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))
         self._ctx = None
         if lib is not None:
-            self._ctx = lib.dda_open(self._base, self.world_size, self.rank, self.slot_bytes, self.spin, float(timeout))
+            self._ctx = lib.dda_open(self._base, self.world_size, self.rank, self.slot_bytes, self.spin_us, float(timeout))
             if not self._ctx:
                 raise DDAError("dda_open rejected the group layout")
 

@@ -24,7 +24,7 @@
  * order guarantees at least one of them sees the other, so a wake-up is never lost, and
  * FUTEX_WAIT itself re-checks the word atomically before sleeping.
  *
- * Waiting. Spin `spin` times with a pause instruction, then sleep on a futex (shared, not
+ * Waiting. Spin for `spin_ns` with a pause instruction, then sleep on a futex (shared, not
  * private: the word lives in a MAP_SHARED file mapping) in 5 ms slices until a deadline.
  * Sleeping is what keeps 4 ranks on 2 cores fast: a spinner holds its core for a whole
  * scheduler slice while the rank it waits for cannot run.
@@ -63,7 +63,7 @@ typedef struct {
     int world, rank;
     uint64_t slot_bytes;
     uint32_t k; /* last step started */
-    int spin;
+    int64_t spin_ns; /* busy-wait this long before sleeping on the futex */
     int64_t timeout_ns;
 } dda_ctx;
 
@@ -95,9 +95,13 @@ static int64_t now_ns(void) {
 /* Wait until f->val >= target; 0 on success, -1 on timeout. */
 static int wait_ge(dda_ctx *c, flag_t *f, uint32_t target) {
     if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
-    for (int i = 0; i < c->spin; i++) {
-        cpu_relax();
-        if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
+    if (c->spin_ns > 0) {
+        int64_t spin_end = now_ns() + c->spin_ns;
+        for (unsigned i = 1;; i++) {
+            cpu_relax();
+            if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
+            if ((i & 63) == 0 && now_ns() > spin_end) break;
+        }
     }
     int64_t deadline = now_ns() + c->timeout_ns;
     struct timespec slice = {0, 5 * 1000 * 1000};
@@ -157,7 +161,8 @@ static inline uint16_t f_to_bf16(float f) { /* round to nearest even; NaN stays 
     return (uint16_t)(u >> 16);
 }
 
-static void reduce(int dtype, char *out, char *const *src, int nsrc, uint64_t first, uint64_t n) {
+/* out2, when not NULL, receives a second copy of the result (saves re-reading it later). */
+static void reduce(int dtype, char *out, char *out2, const char *const *src, int nsrc, uint64_t first, uint64_t n) {
     float acc[BLOCK];
     for (uint64_t b0 = first; b0 < first + n; b0 += BLOCK) {
         uint64_t m = first + n - b0 < BLOCK ? first + n - b0 : BLOCK;
@@ -170,6 +175,7 @@ static void reduce(int dtype, char *out, char *const *src, int nsrc, uint64_t fi
                 for (uint64_t i = 0; i < m; i++) acc[i] += x[i];
             }
             memcpy(o, acc, m * 4);
+            if (out2) memcpy((float *)out2 + b0, acc, m * 4);
         } else if (dtype == DT_BF16) {
             for (int s = 0; s < nsrc; s++) {
                 const uint16_t *x = (const uint16_t *)src[s] + b0;
@@ -180,6 +186,7 @@ static void reduce(int dtype, char *out, char *const *src, int nsrc, uint64_t fi
             }
             uint16_t *o = (uint16_t *)out + b0;
             for (uint64_t i = 0; i < m; i++) o[i] = f_to_bf16(acc[i]);
+            if (out2) memcpy((uint16_t *)out2 + b0, o, m * 2);
         } else {
             for (int s = 0; s < nsrc; s++) {
                 const _Float16 *x = (const _Float16 *)src[s] + b0;
@@ -190,13 +197,14 @@ static void reduce(int dtype, char *out, char *const *src, int nsrc, uint64_t fi
             }
             _Float16 *o = (_Float16 *)out + b0;
             for (uint64_t i = 0; i < m; i++) o[i] = (_Float16)acc[i];
+            if (out2) memcpy((_Float16 *)out2 + b0, o, m * 2);
         }
     }
 }
 
 /* ---- public API ---- */
 
-dda_ctx *dda_open(char *base, int world, int rank, uint64_t slot_bytes, int spin, double timeout_s) {
+dda_ctx *dda_open(char *base, int world, int rank, uint64_t slot_bytes, double spin_us, double timeout_s) {
     if (world < 1 || world > MAXW || rank < 0 || rank >= world || slot_bytes % CL) return NULL;
     dda_ctx *c = calloc(1, sizeof(dda_ctx));
     if (!c) return NULL;
@@ -206,7 +214,7 @@ dda_ctx *dda_open(char *base, int world, int rank, uint64_t slot_bytes, int spin
     c->world = world;
     c->rank = rank;
     c->slot_bytes = slot_bytes;
-    c->spin = spin;
+    c->spin_ns = (int64_t)(spin_us * 1e3);
     c->timeout_ns = (int64_t)(timeout_s * 1e9);
     c->k = __atomic_load_n(&c->hdr[rank].ready.val, __ATOMIC_ACQUIRE);
     return c;
@@ -214,12 +222,12 @@ dda_ctx *dda_open(char *base, int world, int rank, uint64_t slot_bytes, int spin
 
 void dda_close(dda_ctx *c) { free(c); }
 
-void dda_set_spin(dda_ctx *c, int spin) { c->spin = spin; }
+void dda_set_spin(dda_ctx *c, double spin_us) { c->spin_ns = (int64_t)(spin_us * 1e3); }
 
 /* One-shot allreduce, in place allowed (out == in). Returns 0 or -(peer + 1). */
 int dda_allreduce_oneshot(dda_ctx *c, const char *in, char *out, uint64_t n, int dtype) {
     uint64_t es = ELSIZE[dtype], per = c->slot_bytes / es;
-    char *src[MAXW];
+    const char *src[MAXW];
     for (uint64_t off = 0; off < n || off == 0; off += per) {
         uint64_t m = n - off < per ? n - off : per;
         int64_t k = begin_step(c);
@@ -232,40 +240,45 @@ int dda_allreduce_oneshot(dda_ctx *c, const char *in, char *out, uint64_t n, int
         if (c->world == 1)
             memcpy(out + off * es, in + off * es, m * es);
         else
-            reduce(dtype, out + off * es, src, c->world, 0, m);
+            reduce(dtype, out + off * es, NULL, src, c->world, 0, m);
         if (n == 0) break;
     }
     return 0;
 }
 
-/* Two-shot: reduce-scatter by direct reads (rank r reduces chunk r from every slot and writes it
- * back into its own slot), then all-gather by direct reads of the reduced chunks. */
+/* Two-shot: reduce-scatter by direct reads (rank r reduces chunk r), then all-gather by direct
+ * reads of the reduced chunks. Traffic is trimmed where peers do not need it: a rank copies in
+ * every chunk but its own (it reads its own chunk from its private input), and writes its reduced
+ * chunk once into its output and once into its slot, where the peers read it. */
 int dda_allreduce_twoshot(dda_ctx *c, const char *in, char *out, uint64_t n, int dtype) {
     uint64_t es = ELSIZE[dtype], per = c->slot_bytes / es;
-    int w = c->world;
-    char *src[MAXW];
+    int w = c->world, me = c->rank;
+    const char *src[MAXW];
     if (w == 1) return dda_allreduce_oneshot(c, in, out, n, dtype);
     for (uint64_t off = 0; off < n; off += per) {
         uint64_t m = n - off < per ? n - off : per;
-        uint64_t chunk = (m + w - 1) / w;
         uint64_t line = CL / es;
-        chunk = (chunk + line - 1) / line * line; /* whole cache lines per rank: no false sharing */
+        uint64_t chunk = ((m + w - 1) / w + line - 1) / line * line; /* whole cache lines per rank */
+        uint64_t lo = (uint64_t)me * chunk < m ? (uint64_t)me * chunk : m;
+        uint64_t hi = lo + chunk < m ? lo + chunk : m;
         int64_t k = begin_step(c);
         if (k < 0) return (int)k;
-        memcpy(slot(c, k, c->rank), in + off * es, m * es);
-        post(&c->hdr[c->rank].ready, (uint32_t)k);
+        char *mine = slot(c, k, me);
+        const char *x = in + off * es;
+        memcpy(mine, x, lo * es);
+        memcpy(mine + hi * es, x + hi * es, (m - hi) * es);
+        post(&c->hdr[me].ready, (uint32_t)k);
         int rc = wait_all(c, 0, k);
         if (rc) return rc;
-        uint64_t lo = (uint64_t)c->rank * chunk;
-        if (lo < m) {
-            uint64_t len = m - lo < chunk ? m - lo : chunk;
-            for (int p = 0; p < w; p++) src[p] = slot(c, k, p);
-            reduce(dtype, slot(c, k, c->rank), src, w, lo, len);
+        if (lo < hi) {
+            for (int p = 0; p < w; p++) src[p] = p == me ? x : slot(c, k, p);
+            /* in-place safe: each block is read whole before it is written */
+            reduce(dtype, out + off * es, mine, src, w, lo, hi - lo);
         }
-        post(&c->hdr[c->rank].ready2, (uint32_t)k);
-        for (int i = 0; i < w; i++) {
-            int p = (c->rank + i) % w; /* stagger so ranks do not all read the same slot at once */
-            if (p != c->rank && wait_ge(c, &c->hdr[p].ready2, k)) return -(p + 1);
+        post(&c->hdr[me].ready2, (uint32_t)k);
+        for (int i = 1; i < w; i++) {
+            int p = (me + i) % w; /* stagger so ranks do not all read the same slot at once */
+            if (wait_ge(c, &c->hdr[p].ready2, k)) return -(p + 1);
             uint64_t plo = (uint64_t)p * chunk;
             if (plo >= m) continue;
             uint64_t len = m - plo < chunk ? m - plo : chunk;
@@ -293,39 +306,42 @@ int dda_all_gather(dda_ctx *c, const char *in, char *out, uint64_t nbytes) {
     return 0;
 }
 
-/* All-to-all with byte splits. Each slot is cut into world sub-slots of `cap` bytes, one per
- * destination; rows move in rounds of at most `cap` bytes per pair. The number of rounds is agreed
- * through the header in round 0 (each rank publishes what its sends need; all take the max). */
+/* All-to-all with byte splits. A rank's own rows go straight from input to output; each slot is
+ * cut into world - 1 sub-slots of `cap` bytes, one per other rank (destination d uses sub-slot
+ * (d - rank - 1) mod world), and rows move in rounds of at most `cap` bytes per pair. The number
+ * of rounds is agreed through the header in round 0 (each rank publishes what its sends need;
+ * all take the max). */
 int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uint64_t *in_len,
                    char *out, const uint64_t *out_off, const uint64_t *out_len) {
-    int w = c->world;
-    uint64_t cap = (c->slot_bytes / w) & ~(uint64_t)(CL - 1);
-    uint64_t mine = 0;
+    int w = c->world, me = c->rank;
+    uint64_t cap = (c->slot_bytes / (w > 1 ? w - 1 : 1)) & ~(uint64_t)(CL - 1);
+    uint64_t mine = 1;
     for (int d = 0; d < w; d++) {
         uint64_t r = (in_len[d] + cap - 1) / cap;
-        if (r > mine) mine = r;
+        if (d != me && r > mine) mine = r;
     }
-    uint64_t rounds = 1;
+    memcpy(out + out_off[me], in + in_off[me], in_len[me]);
+    uint64_t rounds = mine;
     for (uint64_t r = 0; r < rounds; r++) {
         int64_t k = begin_step(c);
         if (k < 0) return (int)k;
-        char *my = slot(c, k, c->rank);
-        for (int d = 0; d < w; d++) {
-            uint64_t o = r * cap;
-            if (o < in_len[d]) memcpy(my + d * cap, in + in_off[d] + o, in_len[d] - o < cap ? in_len[d] - o : cap);
+        char *my = slot(c, k, me);
+        uint64_t o = r * cap;
+        for (int i = 1; i < w; i++) {
+            int d = (me + i) % w;
+            if (o < in_len[d])
+                memcpy(my + (uint64_t)(i - 1) * cap, in + in_off[d] + o, in_len[d] - o < cap ? in_len[d] - o : cap);
         }
-        if (r == 0) c->hdr[c->rank].rounds[k & 1] = mine; /* published by the release below */
-        post(&c->hdr[c->rank].ready, (uint32_t)k);
-        for (int i = 0; i < w; i++) {
-            int p = (c->rank + i) % w;
-            if (p != c->rank && wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);
+        if (r == 0) c->hdr[me].rounds[k & 1] = mine; /* published by the release below */
+        post(&c->hdr[me].ready, (uint32_t)k);
+        for (int i = 1; i < w; i++) {
+            int p = (me + w - i) % w; /* stagger: i-th sender upstream */
+            if (wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);
             if (r == 0 && c->hdr[p].rounds[k & 1] > rounds) rounds = c->hdr[p].rounds[k & 1];
-            uint64_t o = r * cap;
             if (o < out_len[p])
-                memcpy(out + out_off[p] + o, slot(c, k, p) + (uint64_t)c->rank * cap,
+                memcpy(out + out_off[p] + o, slot(c, k, p) + (uint64_t)(i - 1) * cap,
                        out_len[p] - o < cap ? out_len[p] - o : cap);
         }
-        if (r == 0 && mine > rounds) rounds = mine;
     }
     return 0;
 }

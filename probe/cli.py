@@ -19,7 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Profile and diagnose communication bottlenecks in distributed LLM inference.",
 )
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
 
 
@@ -98,6 +98,90 @@ def profile(
         table.add_row(str(r.rank), f"{r.ttft_median_ms:.1f}", f"{r.ttit_median_ms:.2f}", f"{r.ttit_p90_ms:.2f}",
                       f"{r.tokens_per_s:.1f}", f"{r.local_param_bytes / 1e6:.0f}")
     out.print(table)
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: collective sweeps.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("collectives")
+def bench_collectives(
+    backend: str = typer.Option("gloo,dda", help="Comma-separated: gloo, dda, deepspeed, nccl."),
+    op: str = typer.Option("allreduce", help="Comma-separated: allreduce, all_to_all."),
+    min_size: str = typer.Option("4K", "--min", help="Smallest message (bytes; K/M/G suffixes)."),
+    max_size: str = typer.Option("64M", "--max", help="Largest message."),
+    factor: int = typer.Option(4, help="Size multiplier between steps."),
+    world: int = typer.Option(2, help="Ranks."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    batches: int = typer.Option(5, help="Timed batches per size and backend (median reported)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    timeout: float = typer.Option(1800.0, help="Seconds before the sweep is called hung."),
+    oversubscribe: bool = typer.Option(False, help="Allow more ranks than CPU cores."),
+) -> None:
+    """nccl-tests-style sweep: time per call, algbw and busbw per size, backends interleaved."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from collectives.sweep import BENCH_BACKENDS, DTYPES, OPS, SweepConfig, human_size, parse_size
+    from probe.bench import run_sweep
+    from probe.launch import LaunchError
+
+    backends = [b for b in backend.split(",") if b]
+    ops = [o for o in op.split(",") if o]
+    for b in backends:
+        if b not in BENCH_BACKENDS:
+            fail(f"unknown backend {b!r} (known: {', '.join(BENCH_BACKENDS)})")
+    for o in ops:
+        if o not in OPS:
+            fail(f"unknown op {o!r} (known: {', '.join(OPS)})")
+    if dtype not in DTYPES:
+        fail(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    try:
+        lo, hi = parse_size(min_size), parse_size(max_size)
+    except ValueError as e:
+        fail(str(e))
+    if lo > hi or factor < 2 or world < 2 or batches < 1:
+        fail("need --min <= --max, --factor >= 2, --world >= 2, --batches >= 1")
+    if world > (os.cpu_count() or 1) and not oversubscribe:
+        fail(f"world size {world} exceeds the {os.cpu_count()} CPU cores here; pass --oversubscribe to run anyway")
+    work = Path(tempfile.mkdtemp(prefix="commprobe-bench-"))
+    cfg = SweepConfig(backends=backends, ops=ops, min_bytes=lo, max_bytes=hi, factor=factor, dtype=dtype,
+                      batches=batches, progress_file=str(work / "progress"))
+    console = err if json_out else out
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("sweeping", total=len(cfg.sizes()) * len(ops))
+
+        def poll() -> None:
+            try:
+                done, total = map(int, (work / "progress").read_text().split())
+                bar.update(task, completed=done, total=total)
+            except (OSError, ValueError):
+                pass
+
+        try:
+            res = run_sweep(cfg, world, timeout=timeout, workdir=work / "ranks", on_poll=poll)
+        except LaunchError as e:
+            fail(str(e), code=1)
+    for b, why in res["skipped"].items():
+        err.print(f"commprobe: backend {b} skipped: {why}", markup=False, highlight=False)
+    if json_out:
+        print(json.dumps(res["rows"], indent=1))
+        return
+    table = Table(title=f"{', '.join(ops)} sweep, world {world}, {dtype} (median of {batches} batches)")
+    for col in ("op", "size", "count", "backend", "time_us", "algbw GB/s", "busbw GB/s", "vs dda"):
+        table.add_column(col, justify="right", no_wrap=True)
+    dda = {(r["op"], r["bytes"]): r["time_us"] for r in res["rows"] if r["backend"] == "dda"}
+    for r in res["rows"]:
+        ref = dda.get((r["op"], r["bytes"]))
+        ratio = f"{r['time_us'] / ref:.2f}x" if ref and r["backend"] != "dda" else ""
+        table.add_row(r["op"], human_size(r["bytes"]), str(r["count"]), r["backend"], f"{r['time_us']:.1f}",
+                      f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", ratio)
+    out.print(table)
+    out.print(f"single-thread copy bandwidth: {res['copy_GBps']:.1f} GB/s (bytes copied per second); "
+              "'vs dda' = backend time / DDA time", highlight=False)
 
 
 def main() -> None:

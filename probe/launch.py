@@ -107,11 +107,13 @@ def _stop(procs: list, grace: float = 2.0) -> None:
 
 
 def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str | None = None,
-           timeout: float = 300.0, workdir: str | Path | None = None) -> list[Any]:
+           timeout: float = 300.0, workdir: str | Path | None = None,
+           on_poll: Callable[[], None] | None = None) -> list[Any]:
     """Run `fn(*args)` on `world_size` spawned ranks; return each rank's result, in rank order.
 
     `fn` must be importable (a module-level function). Raises LaunchError naming the first
-    rank that failed, or the ranks still running when `timeout` seconds ran out.
+    rank that failed, or the ranks still running when `timeout` seconds ran out. `on_poll` is
+    called from the watching loop (a progress bar reads the ranks' progress there).
     """
     backend = backend or default_backend()
     own_dir = workdir is None
@@ -143,6 +145,8 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
                 who = "rank" if len(alive) == 1 else "ranks"
                 raise LaunchError(f"{who} {', '.join(map(str, alive))} hung: still running after {timeout:g} s (timeout)",
                                   rank=alive[0] if alive else None)
+            if on_poll is not None:
+                on_poll()
             time.sleep(0.02)
         results = []
         for r in range(world_size):

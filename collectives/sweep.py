@@ -1,0 +1,211 @@
+"""An nccl-tests-style sweep of collective latency and bandwidth over message sizes.
+
+Timing follows nccl-tests: after warm-up, a batch of back-to-back calls is timed and the
+time per call is batch time / calls; several batches give a median. Backends are
+interleaved batch by batch (A B A B ...) so that drift of a shared, noisy machine hits
+them alike. Each batch's time is the slowest rank's (a collective is done when its last
+rank is). Bandwidth factors are nccl-tests': algbw = bytes / time; busbw = algbw x
+2(n-1)/n for allreduce and x (n-1)/n for all-to-all.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OPS = ("allreduce", "all_to_all")
+BENCH_BACKENDS = ("gloo", "dda", "deepspeed", "nccl")
+
+
+@dataclass
+class SweepConfig:
+    backends: list[str] = field(default_factory=lambda: ["gloo", "dda"])
+    ops: list[str] = field(default_factory=lambda: ["allreduce"])
+    min_bytes: int = 4 << 10
+    max_bytes: int = 64 << 20
+    factor: int = 4
+    dtype: str = "float32"
+    batches: int = 5
+    target_batch_s: float = 0.05
+    max_iters: int = 2000
+    progress_file: str | None = None
+
+    def sizes(self) -> list[int]:
+        out, s = [], self.min_bytes
+        while s <= self.max_bytes:
+            out.append(s)
+            s *= self.factor
+        return out
+
+
+@dataclass
+class Row:
+    backend: str
+    op: str
+    bytes: int
+    count: int
+    dtype: str
+    world: int
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+    iters: int
+    batches_us: list[float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def bus_factor(op: str, n: int) -> float:
+    return 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
+
+
+def deepspeed_unavailable_reason() -> str | None:
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install raising anything on import
+        return f"deepspeed is not installed ({type(e).__name__}); pip install 'commprobe[peers]'"
+    return None
+
+
+class _DeepSpeedAllreduce:
+    """DeepSpeed's inference_all_reduce: its C++ one-shot/two-shot /dev/shm allreduce on CPU.
+
+    Its shm path is set up only when LOCAL_SIZE equals the world size; its first call JIT-builds.
+    """
+
+    def __init__(self):
+        os.environ.setdefault("LOCAL_SIZE", str(dist.get_world_size()))
+        import deepspeed.comm as dscomm
+
+        dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        self._dscomm = dscomm
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self._dscomm.inference_all_reduce(x)
+        return x
+
+
+def _make(backend: str):
+    from .backends import make_comm
+
+    if backend == "deepspeed":
+        return _DeepSpeedAllreduce()
+    return make_comm(backend, "bench")
+
+
+def _op_fn(comm, op: str, nbytes: int, dtype: torch.dtype) -> Callable[[], object]:
+    w = dist.get_world_size()
+    es = torch.tensor([], dtype=dtype).element_size()
+    count = max(1, nbytes // es)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    if op == "allreduce":
+        x = (torch.rand(count, generator=g) + 0.5).to(dtype)
+        return lambda: comm.all_reduce(x)
+    per = max(1, count // w)
+    x = (torch.rand(per * w, generator=g) + 0.5).to(dtype)
+    splits = [per] * w
+    return lambda: comm.all_to_all(x, splits, splits)
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _batch(fn: Callable[[], object], iters: int) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return _slowest(time.perf_counter() - t0)
+
+
+def copy_bandwidth_GBps(nbytes: int = 16 << 20, reps: int = 9) -> float:
+    """Single-thread memory copy rate: bytes copied per second (read + write traffic is twice this)."""
+    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def sweep_rank(cfg: SweepConfig) -> dict:
+    """Body of each rank. Returns rows (identical on every rank), skipped backends, copy bandwidth."""
+    torch.set_num_threads(1)
+    rank, w = dist.get_rank(), dist.get_world_size()
+    dtype = DTYPES[cfg.dtype]
+    es = torch.tensor([], dtype=dtype).element_size()
+    skipped: dict[str, str] = {}
+    comms = {}
+    for b in cfg.backends:
+        why = deepspeed_unavailable_reason() if b == "deepspeed" else None
+        if why is None:
+            try:
+                comms[b] = _make(b)
+            except Exception as e:  # a backend that cannot start here is reported, not fatal
+                why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            skipped[b] = why
+    dist.barrier()
+    copy_bw = copy_bandwidth_GBps() if rank == 0 else 0.0
+    dist.barrier()
+    sizes = cfg.sizes()
+    total, done = len(sizes) * len(cfg.ops), 0
+    rows: list[Row] = []
+    for op in cfg.ops:
+        active = {b: c for b, c in comms.items() if not (op == "all_to_all" and b == "deepspeed")}
+        for nbytes in sizes:
+            fns = {b: _op_fn(c, op, nbytes, dtype) for b, c in active.items()}
+            iters = {}
+            for b, fn in fns.items():  # warm-up, then size the batch from a short probe
+                fn()
+                fn()
+                est = _batch(fn, 3) / 3
+                iters[b] = int(max(3, min(cfg.max_iters, cfg.target_batch_s / max(est, 1e-7))))
+            per_call: dict[str, list[float]] = {b: [] for b in fns}
+            for _ in range(cfg.batches):
+                for b, fn in fns.items():
+                    per_call[b].append(_batch(fn, iters[b]) / iters[b])
+            for b, ts in per_call.items():
+                t = statistics.median(ts)
+                algbw = nbytes / t / 1e9
+                rows.append(Row(b, op, nbytes, nbytes // es, cfg.dtype, w, t * 1e6, algbw, algbw * bus_factor(op, w),
+                                iters[b], [x * 1e6 for x in ts]))
+            done += 1
+            if rank == 0 and cfg.progress_file:
+                Path(cfg.progress_file).write_text(f"{done} {total}")
+    return {"rows": [r.to_dict() for r in rows], "skipped": skipped, "copy_GBps": copy_bw}
+
+
+def parse_size(text: str) -> int:
+    """'4K' -> 4096, '64M' -> 67108864, '1G', plain bytes; binary units as nccl-tests uses."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    num = t[:-1] if t[-1:] in "KMG" else t
+    try:
+        value = int(float(num) * mult)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4K, 64M)") from None
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+def human_size(n: int) -> str:
+    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m}{unit}"
+    return str(n)
