@@ -320,7 +320,6 @@ int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uin
         uint64_t r = (in_len[d] + cap - 1) / cap;
         if (d != me && r > mine) mine = r;
     }
-    memcpy(out + out_off[me], in + in_off[me], in_len[me]);
     uint64_t rounds = mine;
     for (uint64_t r = 0; r < rounds; r++) {
         int64_t k = begin_step(c);
@@ -334,6 +333,8 @@ int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uin
         }
         if (r == 0) c->hdr[me].rounds[k & 1] = mine; /* published by the release below */
         post(&c->hdr[me].ready, (uint32_t)k);
+        /* our own rows move while the peers copy theirs in: off the critical path */
+        if (r == 0) memcpy(out + out_off[me], in + in_off[me], in_len[me]);
         for (int i = 1; i < w; i++) {
             int p = (me + w - i) % w; /* stagger: i-th sender upstream */
             if (wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);

@@ -92,11 +92,11 @@ def profile(
             fail(str(e), code=1)
 
     table = Table(title="Latency per rank (un-profiled)")
-    for col in ("rank", "TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s", "weights MB"):
+    for col in ("rank", "TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s", "decode allreduce %", "weights MB"):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(str(r.rank), f"{r.ttft_median_ms:.1f}", f"{r.ttit_median_ms:.2f}", f"{r.ttit_p90_ms:.2f}",
-                      f"{r.tokens_per_s:.1f}", f"{r.local_param_bytes / 1e6:.0f}")
+                      f"{r.tokens_per_s:.1f}", f"{100 * r.decode_allreduce_share:.1f}", f"{r.local_param_bytes / 1e6:.0f}")
     out.print(table)
 
 

@@ -36,6 +36,29 @@ class RunConfig:
         return asdict(self)
 
 
+class TimedComm:
+    """Wraps a Comm and adds up the wall time spent inside its allreduces.
+
+    On CPU a collective blocks the calling thread, so this is the exposed allreduce time
+    (transfer and waiting for the slowest rank together); two perf_counter reads a call.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.seconds = 0.0
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        t = time.perf_counter()
+        out = self.inner.all_reduce(x)
+        self.seconds += time.perf_counter() - t
+        self.calls += 1
+        return out
+
+
 @dataclass
 class RankTimings:
     rank: int
@@ -44,6 +67,14 @@ class RankTimings:
     batch: int
     tokens: list[list[int]]
     local_param_bytes: int
+    prefill_allreduce_s: list[float]
+    decode_allreduce_s: list[float]
+    backend: str = ""
+
+    @property
+    def decode_allreduce_share(self) -> float:
+        """Share of decode wall time spent blocked in TP allreduces."""
+        return sum(self.decode_allreduce_s) / sum(self.ttit_s)
 
     @property
     def ttft_median_ms(self) -> float:
@@ -93,32 +124,41 @@ def run_rank(cfg: RunConfig) -> RankTimings:
     from collectives.backends import make_comm
     from reference_impl.tp import apply_tp, local_param_bytes
 
-    comm = make_comm(cfg.backend, "tp", timeout=cfg.timeout) if cfg.backend == "dda" else make_comm(cfg.backend, "tp")
+    inner = make_comm(cfg.backend, "tp", timeout=cfg.timeout) if cfg.backend == "dda" else make_comm(cfg.backend, "tp")
+    comm = TimedComm(inner)
     model = apply_tp(load_model(cfg), comm)
     prompt = make_prompt(model.cfg.vocab_size, cfg.batch, cfg.prompt_len, cfg.seed)
     total = cfg.prompt_len + cfg.decode_steps
-    ttft, ttit, tokens = [], [], []
+    ttft, ttit, tokens, pre_ar, dec_ar = [], [], [], [], []
     fault = os.environ.get("COMMPROBE_TEST_FAULT", "")  # test-only fault injection: "raise:RANK" / "hang:RANK"
     with torch.inference_mode():
         for rep in range(cfg.repeats + 1):  # repetition 0 is the warm-up
             model.setup_cache(cfg.batch, total)
             comm.barrier()
             _inject(fault, comm.rank)
+            comm.seconds = 0.0
             t0 = time.perf_counter()
             tok = model.prefill(prompt)[:, -1].argmax(-1)
             t1 = time.perf_counter()
-            steps, seq = [], [tok]
+            pre = comm.seconds
+            steps, seq, ars = [], [tok], []
             for i in range(cfg.decode_steps):
+                comm.seconds = 0.0
                 ts = time.perf_counter()
                 tok = model.decode_step(tok, cfg.prompt_len + i)[:, -1].argmax(-1)
                 steps.append(time.perf_counter() - ts)
+                ars.append(comm.seconds)
                 seq.append(tok)
             if rep == 0:
                 continue
             ttft.append(t1 - t0)
+            pre_ar.append(pre)
             ttit.extend(steps)
+            dec_ar.extend(ars)
             tokens = torch.stack(seq, 1).tolist()
-    return RankTimings(comm.rank, ttft, ttit, cfg.batch, tokens, local_param_bytes(model))
+    if hasattr(inner, "close"):
+        inner.close()
+    return RankTimings(comm.rank, ttft, ttit, cfg.batch, tokens, local_param_bytes(model), pre_ar, dec_ar, inner.backend)
 
 
 def _inject(fault: str, rank: int) -> None:

@@ -124,3 +124,20 @@ def dda_then_die(die_rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     for i in range(100000):
         dda.all_reduce(torch.ones(100))
+
+
+def spans_under_profiler() -> list[str]:
+    """Names of the commprobe spans recorded while a profiler runs around DDA and gloo calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from collectives.comm import TorchComm
+    from collectives.dda import DDAComm
+
+    dda, gloo = DDAComm("tp"), TorchComm("ep")
+    dda.all_reduce(torch.ones(8))  # outside the profiler: no span, no cost
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dda.all_reduce(torch.ones(1000, dtype=torch.bfloat16))
+        gloo.all_to_all(torch.ones(4, 3), [2, 2], [2, 2])
+        dda.send_recv(torch.ones(5), 1 - gloo.rank, 1 - gloo.rank)
+    dda.close()
+    return sorted({e.name for e in prof.events() if e.name.startswith("commprobe/")})
