@@ -34,8 +34,8 @@ def main() -> None:
     share: dict[str, list[float]] = {b: [] for b in backends}
     for rnd in range(args.rounds):
         for b in backends:
-            cfg = RunConfig(preset=args.preset, tp=args.tp, decode_steps=args.steps, backend=b)
-            res = launch(run_rank, args.tp, (cfg,), backend="gloo")
+            cfg = RunConfig(preset=args.preset, tp=args.tp, decode_steps=args.steps, backends=[b])
+            res = [r.timings[b] for r in launch(run_rank, args.tp, (cfg,), backend="gloo")]
             ttit[b].append(statistics.median(statistics.median(r.ttit_s) for r in res) * 1e3)
             ttft[b].append(statistics.median(statistics.median(r.ttft_s) for r in res) * 1e3)
             share[b].append(statistics.mean(r.decode_allreduce_share for r in res) * 100)

@@ -19,7 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Profile and diagnose communication bottlenecks in distributed LLM inference.",
 )
-out = Console(width=None if sys.stdout.isatty() else 120)
+console = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
 
 
@@ -40,16 +40,22 @@ def profile(
     steps: int = typer.Option(32, "--steps", "--decode-steps", help="Decode steps per repetition."),
     prompt_len: int = typer.Option(128, help="Prompt length (tokens) for prefill."),
     batch: int = typer.Option(1, help="Sequences per batch."),
-    repeats: int = typer.Option(3, help="Measured repetitions of prefill + decode (after one warm-up)."),
+    repeats: int = typer.Option(3, help="Un-profiled repetitions of prefill + decode (after one warm-up)."),
     seed: int = typer.Option(0, help="Seed of the random weights and prompt."),
     checkpoint: Optional[str] = typer.Option(None, help="HF-format directory (config.json + safetensors)."),
-    backend: str = typer.Option("auto", help="Collective backend: auto, gloo, nccl, rccl, dda."),
+    backend: str = typer.Option("auto", help="Collective backend(s), comma-separated: auto, gloo, nccl, rccl, dda."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Bundle directory (default runs/profile-TIMESTAMP)."),
+    telemetry_interval: float = typer.Option(0.05, help="Seconds between telemetry samples."),
     timeout: float = typer.Option(300.0, help="Seconds before a rank that has not finished is called hung."),
     oversubscribe: bool = typer.Option(False, help="Allow more ranks than CPU cores."),
 ) -> None:
-    """Run prefill + decode on TP ranks and print TTFT, TTIT (median, p90) and tokens/s per rank."""
+    """Profile prefill + decode on TP ranks; write a run bundle; print TTFT, TTIT and tokens/s per rank."""
+    import time
+    from pathlib import Path
+
     from collectives.backends import BACKENDS, process_group_backend
-    from probe.launch import LaunchError, launch, run_this_rank, under_torchrun
+    from probe.launch import LaunchError, run_this_rank, under_torchrun
+    from probe.profile import run_profile
     from probe.run import RunConfig, run_rank
     from reference_impl.config import get_preset
     from reference_impl.tp import check_tp
@@ -57,10 +63,11 @@ def profile(
     for name, v in (("--steps", steps), ("--prompt-len", prompt_len), ("--batch", batch), ("--repeats", repeats)):
         if v < 1:
             fail(f"{name} must be >= 1, got {v}")
+    if telemetry_interval <= 0:
+        fail("--telemetry-interval must be > 0")
     try:
         if checkpoint:
             from reference_impl.checkpoint import config_from_hf
-            from pathlib import Path
 
             mcfg = config_from_hf(Path(checkpoint))
         else:
@@ -70,13 +77,22 @@ def profile(
         fail(str(e))
     if prompt_len + steps > mcfg.max_seq_len:
         fail(f"--prompt-len + --steps = {prompt_len + steps} exceeds the model's max_seq_len {mcfg.max_seq_len}")
-    if backend not in BACKENDS:
-        fail(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
-    if backend == "auto":
-        backend = process_group_backend("auto")
-    pg_backend = process_group_backend(backend)
+    backends = [b for b in backend.split(",") if b]
+    for b in backends:
+        if b not in BACKENDS:
+            fail(f"unknown backend {b!r} (known: {', '.join(BACKENDS)})")
+    backends = [process_group_backend("auto") if b == "auto" else b for b in backends]
+    if len(set(backends)) != len(backends) or not backends:
+        fail("--backend lists a backend twice, or none")
+    pg_backend = process_group_backend(backends[0])
+    out = Path(out_dir or f"runs/profile-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} exists and is not a directory")
+    if out.is_dir() and (out / "manifest.json").exists():
+        fail(f"--out {out} already holds a bundle; choose another directory")
     cfg = RunConfig(preset=preset, tp=tp, batch=batch, prompt_len=prompt_len, decode_steps=steps, repeats=repeats,
-                    seed=seed, checkpoint=checkpoint, backend=backend, timeout=timeout)
+                    seed=seed, checkpoint=checkpoint, backends=backends, timeout=timeout, out_dir=str(out))
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep Kineto's start/stop chatter off the terminal
 
     if under_torchrun():
         results = [run_this_rank(run_rank, (cfg,), backend=pg_backend, timeout=timeout)]
@@ -84,20 +100,28 @@ def profile(
         cores = os.cpu_count() or 1
         if cfg.world_size > cores and not oversubscribe:
             fail(f"world size {cfg.world_size} exceeds the {cores} CPU cores here; pass --oversubscribe to run anyway")
-        out.print(f"[bold]commprobe profile[/]: preset {mcfg.name}, TP={tp}, backend {backend}, "
-                  f"batch {batch}, prompt {prompt_len}, {steps} decode steps x {repeats} repeats", highlight=False)
+        console.print(f"[bold]commprobe profile[/]: preset {mcfg.name}, TP={tp}, backend {','.join(backends)}, "
+                      f"batch {batch}, prompt {prompt_len}, {steps} decode steps x {repeats} repeats", highlight=False)
         try:
-            results = launch(run_rank, cfg.world_size, (cfg,), backend=pg_backend, timeout=timeout)
+            outcome = run_profile(cfg, mcfg.to_dict(), pg_backend=pg_backend, telemetry_interval=telemetry_interval,
+                                  on_status=lambda line: console.print(line, highlight=False, markup=False))
         except LaunchError as e:
-            fail(str(e), code=1)
+            fail(f"{e} (partial bundle kept in {out})", code=1)
+        except OSError as e:
+            fail(f"cannot write the bundle in {out}: {e.strerror or e}", code=1)
+        results = outcome.results
 
-    table = Table(title="Latency per rank (un-profiled)")
-    for col in ("rank", "TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s", "decode allreduce %", "weights MB"):
-        table.add_column(col, justify="right")
-    for r in results:
-        table.add_row(str(r.rank), f"{r.ttft_median_ms:.1f}", f"{r.ttit_median_ms:.2f}", f"{r.ttit_p90_ms:.2f}",
-                      f"{r.tokens_per_s:.1f}", f"{100 * r.decode_allreduce_share:.1f}", f"{r.local_param_bytes / 1e6:.0f}")
-    out.print(table)
+    for b in backends:
+        table = Table(title=f"Latency per rank, backend {b} (un-profiled)")
+        for col in ("rank", "TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s", "decode allreduce %", "weights MB"):
+            table.add_column(col, justify="right")
+        for res in results:
+            r = res.timings[b]
+            table.add_row(str(r.rank), f"{r.ttft_median_ms:.1f}", f"{r.ttit_median_ms:.2f}", f"{r.ttit_p90_ms:.2f}",
+                          f"{r.tokens_per_s:.1f}", f"{100 * r.decode_allreduce_share:.1f}",
+                          f"{res.local_param_bytes / 1e6:.0f}")
+        console.print(table)
+    console.print(f"bundle: {out}", highlight=False, markup=False)
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: collective sweeps.")
@@ -150,8 +174,7 @@ def bench_collectives(
     work = Path(tempfile.mkdtemp(prefix="commprobe-bench-"))
     cfg = SweepConfig(backends=backends, ops=ops, min_bytes=lo, max_bytes=hi, factor=factor, dtype=dtype,
                       batches=batches, progress_file=str(work / "progress"))
-    console = err if json_out else out
-    with Progress(console=console, transient=True) as bar:
+    with Progress(console=err if json_out else console, transient=True) as bar:
         task = bar.add_task("sweeping", total=len(cfg.sizes()) * len(ops))
 
         def poll() -> None:
@@ -179,8 +202,8 @@ def bench_collectives(
         ratio = f"{r['time_us'] / ref:.2f}x" if ref and r["backend"] != "dda" else ""
         table.add_row(r["op"], human_size(r["bytes"]), str(r["count"]), r["backend"], f"{r['time_us']:.1f}",
                       f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", ratio)
-    out.print(table)
-    out.print(f"single-thread copy bandwidth: {res['copy_GBps']:.1f} GB/s (bytes copied per second); "
+    console.print(table)
+    console.print(f"single-thread copy bandwidth: {res['copy_GBps']:.1f} GB/s (bytes copied per second); "
               "'vs dda' = backend time / DDA time", highlight=False)
 
 

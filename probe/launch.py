@@ -15,6 +15,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -65,10 +66,56 @@ def run_this_rank(fn: Callable[..., Any], args: tuple = (), *, backend: str | No
         dist.destroy_process_group()
 
 
+_progress_count = 0
+
+
+def report_progress(label: str) -> None:
+    """Record how far this rank got; on a timeout the launcher names the rank furthest behind.
+
+    Call it before each phase and collective-bearing step. No-op outside `launch()`.
+    """
+    global _progress_count
+    d = os.environ.get("COMMPROBE_PROGRESS_DIR")
+    if not d:
+        return
+    _progress_count += 1
+    p = Path(d) / f"rank{os.environ.get('RANK', '0')}.progress"
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(f"{_progress_count} {label}")
+    tmp.replace(p)
+
+
+def _read_progress(out: Path, rank: int) -> tuple[int, str]:
+    try:
+        n, _, label = (out / f"rank{rank}.progress").read_text().partition(" ")
+        return int(n), label
+    except (OSError, ValueError):
+        return 0, "start-up"
+
+
+def _hang_message(out: Path, alive: list[int], timeout: float) -> tuple[str, int | None]:
+    if not alive:
+        return f"the run did not finish within {timeout:g} s (timeout)", None
+    prog = {r: _read_progress(out, r) for r in alive}
+    behind = min(n for n, _ in prog.values())
+    hung = [r for r in alive if prog[r][0] == behind]
+    waiting = [r for r in alive if r not in hung]
+    who = "rank" if len(hung) == 1 else "ranks"
+    msg = f"{who} {', '.join(map(str, hung))} hung after '{prog[hung[0]][1]}' (timeout {timeout:g} s)"
+    if waiting:
+        msg += "; " + ", ".join(f"rank {r} waiting at '{prog[r][1]}'" for r in waiting)
+    return msg, hung[0]
+
+
 def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: str, backend: str, timeout: float,
-           shm_tag: str) -> None:
+           shm_tag: str, capture: bool) -> None:
+    if capture:  # the rank's own output goes to a log beside its results, not the user's terminal
+        log = os.open(os.path.join(out, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      COMMPROBE_SHM_TAG=shm_tag)
+                      COMMPROBE_SHM_TAG=shm_tag, COMMPROBE_PROGRESS_DIR=out)
     outp = Path(out)
     try:
         _init_rank(backend, timeout, f"file://{init_file}", rank, world)
@@ -81,6 +128,11 @@ def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out
         (outp / f"rank{rank}.traceback").write_text(traceback.format_exc())
         (outp / f"rank{rank}.err").write_text(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip())
         os._exit(1)
+    # The result is safe on disk: skip interpreter teardown, where third-party extensions' static
+    # destructors can abort (DeepSpeed's shm op: "terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _describe_exit(code: int, errfile: Path) -> str:
@@ -108,12 +160,15 @@ def _stop(procs: list, grace: float = 2.0) -> None:
 
 def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str | None = None,
            timeout: float = 300.0, workdir: str | Path | None = None,
-           on_poll: Callable[[], None] | None = None) -> list[Any]:
+           on_poll: Callable[[], None] | None = None,
+           on_start: Callable[[dict[int, int]], None] | None = None, capture_output: bool = False) -> list[Any]:
     """Run `fn(*args)` on `world_size` spawned ranks; return each rank's result, in rank order.
 
     `fn` must be importable (a module-level function). Raises LaunchError naming the first
     rank that failed, or the ranks still running when `timeout` seconds ran out. `on_poll` is
-    called from the watching loop (a progress bar reads the ranks' progress there).
+    called from the watching loop (a progress bar reads the ranks' progress there);
+    `on_start` gets {rank: pid} once all ranks are started (telemetry samples them);
+    `capture_output` sends each rank's stdout/stderr to `rank{r}.log` in the work directory.
     """
     backend = backend or default_backend()
     own_dir = workdir is None
@@ -123,11 +178,14 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     init_file.unlink(missing_ok=True)
     ctx = mp.get_context("spawn")
     shm_tag = f"{os.getpid()}x{next(_launches)}"
-    procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout, shm_tag),
+    procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout, shm_tag,
+                                                    capture_output),
                          name=f"commprobe-rank{r}") for r in range(world_size)]
     try:
         for p in procs:
             p.start()
+        if on_start is not None:
+            on_start({r: p.pid for r, p in enumerate(procs)})
         deadline = time.monotonic() + timeout
         while True:
             failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
@@ -141,10 +199,9 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
                 break
             if time.monotonic() > deadline:
                 alive = [r for r, p in enumerate(procs) if p.is_alive()]
+                msg, culprit = _hang_message(out, alive, timeout)
                 _stop(procs)
-                who = "rank" if len(alive) == 1 else "ranks"
-                raise LaunchError(f"{who} {', '.join(map(str, alive))} hung: still running after {timeout:g} s (timeout)",
-                                  rank=alive[0] if alive else None)
+                raise LaunchError(msg, rank=culprit)
             if on_poll is not None:
                 on_poll()
             time.sleep(0.02)

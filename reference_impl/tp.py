@@ -55,8 +55,16 @@ def apply_tp(model: Transformer, comm: Comm) -> Transformer:
             _shard(lin, 1, r, n)
         attn.n_heads //= n
         attn.n_kv_heads //= n
-        attn.reduce = comm.all_reduce
-        mlp.reduce = comm.all_reduce
+    return bind_tp_comm(model, comm)
+
+
+def bind_tp_comm(model: Transformer, comm: Comm) -> Transformer:
+    """Point the two per-block reductions at `comm` (switching backends needs no re-sharding)."""
+    if comm.world_size == 1:
+        return model
+    for block in model.layers:
+        block.attention.reduce = comm.all_reduce
+        block.feed_forward.reduce = comm.all_reduce
     return model
 
 

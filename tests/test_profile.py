@@ -1,0 +1,146 @@
+"""The run bundle of `commprobe profile`, and what happens when a rank fails, hangs or is interrupted."""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from collectives.dda import SHM_PREFIX, shm_dir
+from tests.conftest import ROOT, run_cli
+
+FAST = ["--preset", "tiny", "--steps", "4", "--repeats", "2", "--prompt-len", "16"]
+
+
+def _trace(path):
+    with gzip.open(path) as f:
+        return json.load(f)
+
+
+def test_bundle_has_manifest_traces_telemetry_and_timings(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", *FAST, "--backend", "dda", "--out", str(out), "--telemetry-interval", "0.02")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["schema"] == "commprobe.bundle/1" and m["status"] == "ok" and m["error"] is None
+    assert m["backend"] == "dda" and m["world"]["size"] == 2 and m["model"]["name"] == "tiny"
+    assert [row["tp_rank"] for row in m["world"]["layout"]] == [0, 1]
+    assert m["run"]["decode_steps"] == 4 and m["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    for rank in (0, 1):
+        t = _trace(out / f"rank{rank}.trace.json.gz")
+        assert t["distributedInfo"]["rank"] == rank and t["commprobe"]["backend"] == "dda"
+        names = [e.get("name", "") for e in t["traceEvents"]]
+        assert names.count("commprobe/prefill") == 1  # only the recorded repetition, not the warm-up
+        assert sum(n.startswith("commprobe/decode[") for n in names) == 4
+        # 2 layers x 2 allreduces x (prefill + 4 decode steps)
+        assert sum(n.startswith("commprobe/comm/tp/all_reduce/") and n.endswith("/backend=dda") for n in names) == 20
+    # Telemetry on the trace's clock: samples exist inside the recorded window.
+    t0 = _trace(out / "rank0.trace.json.gz")
+    spans = [e for e in t0["traceEvents"] if e.get("name") == "commprobe/prefill"]
+    start_ns = spans[0]["ts"] * 1000 + t0["baseTimeNanoseconds"]
+    samples = [json.loads(line) for line in (out / "telemetry.jsonl").read_text().splitlines()]
+    host = [s for s in samples if s["source"] == "host"]
+    assert len(host) >= 5 and all(len(s["cpu_util_pct"]) == os.cpu_count() for s in host)
+    assert min(s["t_ns"] for s in host) < start_ns < max(s["t_ns"] for s in host)
+    assert any(s["ranks"].get("0", {}).get("rss_bytes", 0) > 1e6 for s in host)
+    timings = json.loads((out / "timings.json").read_text())
+    assert len(timings["ranks"]) == 2 and len(timings["ranks"][0]["samples"]["ttit_s"]) == 2 * 4
+    assert timings["profiler_overhead_ttit"] > 0 and "profiled" in timings["ranks"][0]
+
+
+def test_several_backends_get_sub_bundles(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", *FAST, "--backend", "gloo,dda", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    top = json.loads((out / "manifest.json").read_text())
+    assert top["sub_bundles"] == {"gloo": "gloo", "dda": "dda"} and top["status"] == "ok"
+    for b in ("gloo", "dda"):
+        m = json.loads((out / b / "manifest.json").read_text())
+        assert m["backend"] == b and m["telemetry"] == "../telemetry.jsonl"
+        assert (out / b / "rank1.trace.json.gz").exists() and (out / b / "timings.json").exists()
+
+
+def _failed(out):
+    return json.loads((out / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("fault, needle", [
+    ("raise:1", "rank 1 failed: RuntimeError: injected fault on rank 1"),
+    ("die:0", "rank 0 failed: exited with code 9"),
+])
+def test_failing_rank_is_named_and_recorded(tmp_path, fault, needle):
+    out = tmp_path / "run"
+    r = run_cli("profile", *FAST, "--out", str(out), env={"COMMPROBE_TEST_FAULT": fault})
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    m = _failed(out)
+    assert m["status"] == "failed" and needle in m["error"]
+
+
+def test_other_ranks_traces_are_kept_when_one_fails_at_the_end(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", *FAST, "--out", str(out), env={"COMMPROBE_TEST_FAULT": "trace:1"})
+    assert r.returncode == 1 and "rank 1 failed" in r.stderr
+    assert (out / "rank0.trace.json.gz").exists() and not (out / "rank1.trace.json.gz").exists()
+    m = _failed(out)
+    assert m["status"] == "failed" and m["traces"] == ["rank0.trace.json.gz"]
+    assert (out / "ranks" / "rank1.traceback").exists()  # the whole story is kept beside the bundle
+
+
+def test_hanging_rank_is_timed_out_and_named(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", *FAST, "--out", str(out), "--timeout", "25", env={"COMMPROBE_TEST_FAULT": "hang:1"})
+    assert r.returncode == 1, r.stderr
+    assert "rank 1 hung after 'building model' (timeout 25 s); rank 0 waiting at 'repeat 0 gloo'" in r.stderr
+    assert _failed(out)["status"] == "failed"
+
+
+def test_disk_full_while_writing_a_trace_is_reported(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    os.symlink("/dev/full", out / "rank1.trace.json.gz")  # every write there fails with ENOSPC
+    r = run_cli("profile", *FAST, "--out", str(out))
+    assert r.returncode == 1
+    assert "rank 1 failed: TraceWriteError: [Errno 28] writing rank1.trace.json.gz failed: No space left on device" \
+        in r.stderr, r.stderr
+    assert (out / "rank0.trace.json.gz").exists()
+
+
+def _live_in_group(pgid: int) -> list[int]:
+    """Processes of the group that still run (zombies awaiting their reaper do not count)."""
+    live = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                live.append(int(d))
+    return live
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "run"
+    before = set(shm_dir().glob(f"{SHM_PREFIX}-*"))
+    p = subprocess.Popen([sys.executable, "-m", "probe.cli", "profile", "--preset", "tiny", "--steps", "100", "--prompt-len", "16",
+                          "--repeats", "50", "--backend", "dda", "--out", str(out)], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(
+            "repeat" in f.read_text() for f in (out / "ranks").glob("*.progress") if f.exists()):
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    _, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    deadline = time.time() + 10
+    while _live_in_group(p.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _live_in_group(p.pid) == [], "orphan processes left running"
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    assert set(shm_dir().glob(f"{SHM_PREFIX}-*")) <= before
