@@ -124,6 +124,62 @@ def profile(
     console.print(f"bundle: {out}", highlight=False, markup=False)
 
 
+@app.command()
+def analyze(
+    path: str = typer.Argument(..., help="A run bundle, a trace file, or a directory of rank traces."),
+    json_out: bool = typer.Option(False, "--json", help="Print the versioned JSON result."),
+    rules: Optional[str] = typer.Option(None, help="Classification rules file (TOML or JSON)."),
+    threshold: float = typer.Option(0.2, help="Exposed-communication share above which a phase is communication-bound."),
+    align: str = typer.Option("base", help="Clock alignment: base (baseTimeNanoseconds) or collective-end."),
+    out_file: Optional[str] = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+) -> None:
+    """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
+    import json
+
+    from analyzers.analysis import analyze as run_analysis
+    from analyzers.trace import TraceError
+    from reports.terminal import render_analysis
+
+    if align not in ("base", "collective-end"):
+        fail(f"unknown --align {align!r} (base, collective-end)")
+    try:
+        result = run_analysis(path, rules_file=rules, threshold=threshold, align=align)
+    except TraceError as e:
+        fail(str(e))
+    if out_file:
+        from pathlib import Path
+
+        Path(out_file).write_text(json.dumps(result, indent=1))
+    if json_out:
+        print(json.dumps(result, indent=1))
+    else:
+        render_analysis(result, console)
+
+
+@app.command()
+def compare(
+    a: str = typer.Argument(..., help="Baseline: bundle, trace(s) or analysis JSON."),
+    b: str = typer.Argument(..., help="Candidate: bundle, trace(s) or analysis JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Two analyses side by side (gloo vs dda, NCCL vs DDA, before vs after), with B/A ratios."""
+    import json
+
+    from analyzers.analysis import compare as run_compare
+    from analyzers.analysis import load_result
+    from analyzers.trace import TraceError
+    from reports.terminal import render_compare
+
+    try:
+        result = run_compare(load_result(a), load_result(b))
+    except TraceError as e:
+        fail(str(e))
+    if json_out:
+        print(json.dumps(result, indent=1))
+    else:
+        render_compare(result, console)
+
+
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: collective sweeps.")
 app.add_typer(bench_app, name="bench")
 

@@ -1,0 +1,106 @@
+"""Where each rank's time goes, per phase: total and *exposed* time per category, and idle.
+
+Timeline: on a trace with device activity, the device's kernels and copies on all streams;
+on a CPU-only trace, the host's ops (a collective blocks its calling thread there, so all of
+its time is exposed; ops nested inside a collective count as the collective).
+
+Exposed communication is communication time not overlapped by compute on any stream of the
+device. Idle is window time with nothing on the timeline.
+
+Windows, in order of preference: our phase spans (`commprobe/prefill`, `commprobe/decode[i]`;
+their device copies when the trace has them), else `ProfilerStep#N`, else the whole trace.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import intervals as iv
+from .classify import CATEGORIES, COMM_CODES, COMPUTE, MARKER, MEMCPY, OTHER, Classified
+from .trace import Trace
+
+_PHASE = re.compile(r"^commprobe/(prefill|decode)")
+_STEP = re.compile(r"^ProfilerStep#\d+$")
+
+
+@dataclass
+class Timeline:
+    device: bool
+    mask: np.ndarray  # events on the timeline
+
+
+def timeline(trace: Trace) -> Timeline:
+    dev = trace.is_device()
+    if dev.any():
+        return Timeline(True, dev)
+    return Timeline(False, ~dev)
+
+
+def windows(trace: Trace, device: bool) -> dict[str, list[tuple[float, float]]]:
+    """phase -> [(start, end)] in absolute µs."""
+    dev = trace.is_device()
+    names = np.array(trace.names, dtype=object)
+    ev_names = names[trace.name_id] if len(trace.names) else np.array([], dtype=object)
+
+    def collect(pattern: re.Pattern, on_device: bool, phase_of) -> dict:
+        out: dict[str, list] = {}
+        ids = [i for i, n in enumerate(trace.names) if pattern.match(n)]
+        if not ids:
+            return out
+        sel = np.isin(trace.name_id, ids) & (dev if on_device else ~dev)
+        for i in np.flatnonzero(sel):
+            out.setdefault(phase_of(ev_names[i]), []).append((float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])))
+        return out
+
+    phase_of = lambda n: _PHASE.match(n).group(1)  # noqa: E731
+    for on_device in ((True, False) if device else (False,)):
+        w = collect(_PHASE, on_device, phase_of)
+        if w:
+            return w
+    for on_device in ((True, False) if device else (False,)):
+        w = collect(_STEP, on_device, lambda n: "step")
+        if w:
+            return w
+    tl = timeline(trace).mask
+    if not tl.any():
+        return {}
+    return {"trace": [(float(trace.ts[tl].min()), float((trace.ts + trace.dur)[tl].max()))]}
+
+
+def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv.Intervals]:
+    start, end = trace.ts, trace.ts + trace.dur
+    out = {}
+    for code in (COMPUTE, *COMM_CODES, MEMCPY, OTHER):
+        m = tl.mask & (cls.category == code)
+        out[code] = iv.union(start[m], end[m])
+    comm_all = iv.union(start[tl.mask & np.isin(cls.category, COMM_CODES)], end[tl.mask & np.isin(cls.category, COMM_CODES)])
+    if not tl.device:
+        # On the host a collective owns its thread: ops nested inside it are part of it.
+        out[COMPUTE] = iv.subtract(out[COMPUTE], comm_all)
+        out[OTHER] = iv.subtract(out[OTHER], comm_all)
+    busy = tl.mask & (cls.category != MARKER)
+    out[MARKER] = iv.union(start[busy], end[busy])  # reused as "busy" below
+    return out
+
+
+def rank_breakdown(trace: Trace, cls: Classified) -> dict:
+    tl = timeline(trace)
+    wins = windows(trace, tl.device)
+    unions = category_unions(trace, cls, tl)
+    compute = unions[COMPUTE]
+    exposed_base = {c: iv.subtract(unions[c], compute) if tl.device else unions[c] for c in (*COMM_CODES, MEMCPY)}
+    phases = {}
+    for phase, spans in wins.items():
+        e2e = sum(hi - lo for lo, hi in spans)
+        cats = {}
+        for code in (COMPUTE, *COMM_CODES, MEMCPY, OTHER):
+            total = sum(iv.length(iv.clip(unions[code], lo, hi)) for lo, hi in spans)
+            exposed = total if code in (COMPUTE, OTHER) else sum(
+                iv.length(iv.clip(exposed_base[code], lo, hi)) for lo, hi in spans)
+            cats[CATEGORIES[code]] = {"total_us": total, "exposed_us": exposed}
+        busy = sum(iv.length(iv.clip(unions[MARKER], lo, hi)) for lo, hi in spans)
+        phases[phase] = {"windows": len(spans), "e2e_us": e2e, "idle_us": max(0.0, e2e - busy), "categories": cats}
+    return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases}

@@ -1,0 +1,253 @@
+"""Classify every event: compute, TP allreduce, CP ring, EP all-to-all, other communication,
+memcpy, or other; and for communication, its op, axis and message size.
+
+Names are classified once per unique name (a trace has hundreds of names and millions of
+events), then mapped onto the event arrays. Sources, in order: a user rules file; our own
+spans (`commprobe/comm/{axis}/{op}/bytes=…`); communication kernels users really run (NCCL
+and RCCL old and new names, vLLM's custom allreduce, torch symmetric memory, TensorRT-LLM,
+DeepEP, MSCCL++, our DDA); the c10d / record_param_comms / nccl: / gloo: CPU ops. The axis of
+a foreign collective comes from its process group's name or description when that says
+(tp/tensor, cp/context, ep/expert/moe, dp/data), else from the op (allreduce -> TP,
+all-to-all -> EP, send/recv -> CP ring).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .trace import DEVICE_CATS, Trace, TraceError
+
+# Category codes (indexes into CATEGORIES).
+COMPUTE, TP_ALLREDUCE, CP_RING, EP_ALL_TO_ALL, OTHER_COMM, MEMCPY, OTHER, MARKER = range(8)
+CATEGORIES = ["compute", "tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm", "memcpy", "other", "marker"]
+COMM_CODES = (TP_ALLREDUCE, CP_RING, EP_ALL_TO_ALL, OTHER_COMM)
+AXES = ["tp", "cp", "ep", "dp", "other"]
+
+_OP_ALIASES = {
+    "allreduce": "allreduce", "all_reduce": "allreduce", "allreduce_coalesced": "allreduce",
+    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather", "all_gather_into_tensor": "all_gather",
+    "allgather_coalesced": "all_gather", "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all",
+    "alltoallv": "all_to_all", "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "send": "send_recv", "recv": "send_recv", "recv_": "send_recv", "sendrecv": "send_recv", "send_recv": "send_recv",
+    "recv_any_source": "send_recv", "batch_isend_irecv": "send_recv", "barrier": "barrier", "monitored_barrier": "barrier",
+}
+_BUS_FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+                "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
+_DTYPE_BYTES = {"float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8,
+                "float64": 8, "int": 4, "int32": 4, "long": 8, "int64": 8, "int8": 1, "uint8": 1, "byte": 1,
+                "char": 1, "bool": 1, "short": 2, "int16": 2, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def bus_factor(op: str, n: int) -> float:
+    f = _BUS_FACTORS.get(op)
+    return f(n) if f and n > 1 else 1.0
+
+
+def normalize_op(text: str) -> str | None:
+    t = text.strip().lower().rstrip("_")
+    return _OP_ALIASES.get(t) or _OP_ALIASES.get(t + "_")
+
+
+@dataclass
+class NameClass:
+    category: int
+    op: str | None = None
+    axis: str | None = None
+    bytes: float = float("nan")
+    needs_args: bool = False  # op/size/axis come from the event's args (record_param_comms, NCCL kernels)
+
+
+# Kernels and ops that move data between ranks. (pattern, op or None when the name says it)
+_KERNEL_RULES: list[tuple[re.Pattern, str | None]] = [
+    (re.compile(r"nccl(?:Dev)?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll)",
+                re.I), None),
+    (re.compile(r"rccl|nccl(?:Dev)?Kernel_Generic|ncclDevKernel|ncclKernel", re.I), "args"),
+    (re.compile(r"cross_device_reduce_(?:1|2)stage"), "allreduce"),  # vLLM custom allreduce
+    (re.compile(r"(?:one|two)_shot_all_reduce|multimem_(?:one_shot_)?all_reduce|symm_mem.*all_reduce"), "allreduce"),
+    (re.compile(r"multimem_all_gather|symm_mem.*all_gather"), "all_gather"),
+    (re.compile(r"(?:one|two)ShotAllReduce|allReduce(?:One|Two)Shot|customAllReduce|allreduce_fusion_kernel|"
+                r"lamport.*all_?reduce", re.I), "allreduce"),  # TensorRT-LLM
+    (re.compile(r"deep_ep::.*(?:dispatch|combine)|deep_ep.*(?:dispatch|combine)"), "all_to_all"),  # DeepEP
+    (re.compile(r"mscclpp.*all_?reduce|allreduce.*mscclpp", re.I), "allreduce"),
+    (re.compile(r"mscclpp.*all_?gather", re.I), "all_gather"),
+    (re.compile(r"mscclpp", re.I), "other"),
+    (re.compile(r"dda_(?:one|two)shot|commprobe_dda", re.I), "allreduce"),  # our GPU DDA kernels
+]
+_CPU_OP = re.compile(r"^(?:c10d|c10d_functional|_c10d_functional)::(\w+)|^(?:nccl|gloo|mpi|ucc|dda):(\w+)")
+_OWN_SPAN = re.compile(r"^commprobe/comm/(\w+)/(\w+)/bytes=(\d+)(?:/dtype=(\w+))?(?:/group=(\d+))?(?:/backend=(\w+))?")
+_PHASE = re.compile(r"^commprobe/(prefill|decode)\b|^ProfilerStep#\d+")
+_KERNEL_OP_NAMES = {"allreduce": "allreduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+                    "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "send": "send_recv",
+                    "recv": "send_recv", "alltoall": "all_to_all"}
+
+
+def axis_for(op: str | None, group_text: str = "") -> str:
+    g = group_text.lower()
+    for axis, pat in (("tp", r"\btp\b|tensor"), ("cp", r"\bcp\b|context|ring"), ("ep", r"\bep\b|expert|moe"),
+                      ("dp", r"\bdp\b|data")):
+        if g and re.search(pat, g):
+            return axis
+    return {"allreduce": "tp", "all_to_all": "ep", "send_recv": "cp"}.get(op or "", "other")
+
+
+def category_for(op: str | None, axis: str | None) -> int:
+    if op == "allreduce" and axis == "tp":
+        return TP_ALLREDUCE
+    if axis == "cp" and op in ("send_recv", "all_gather"):
+        return CP_RING
+    if axis == "ep" and op == "all_to_all":
+        return EP_ALL_TO_ALL
+    return OTHER_COMM
+
+
+@dataclass
+class Rule:
+    pattern: re.Pattern
+    category: int
+    axis: str | None
+    op: str | None
+
+
+def load_rules(path: str | Path) -> list[Rule]:
+    """User rules: JSON list or TOML `[[rule]]` tables of {pattern, category, axis?, op?}."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise TraceError(f"{p}: cannot read rules file ({e.strerror})") from None
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text).get("rule", [])
+        else:
+            data = json.loads(text)
+            data = data.get("rules", data) if isinstance(data, dict) else data
+    except Exception as e:  # json.JSONDecodeError, tomllib.TOMLDecodeError
+        raise TraceError(f"{p}: unreadable rules file ({e})") from None
+    rules = []
+    for i, r in enumerate(data if isinstance(data, list) else []):
+        if not isinstance(r, dict) or "pattern" not in r or r.get("category") not in CATEGORIES:
+            raise TraceError(f"{p}: rule {i} needs 'pattern' and a 'category' among {', '.join(CATEGORIES[:7])}")
+        try:
+            pat = re.compile(r["pattern"])
+        except re.error as e:
+            raise TraceError(f"{p}: rule {i}: bad pattern ({e})") from None
+        rules.append(Rule(pat, CATEGORIES.index(r["category"]), r.get("axis"), r.get("op")))
+    return rules
+
+
+def classify_name(name: str, cat: str, rules: list[Rule] = ()) -> NameClass:
+    for r in rules:
+        if r.pattern.search(name):
+            return NameClass(r.category, r.op, r.axis)
+    if _PHASE.match(name) or cat in ("python_function", "Trace", "gpu_user_annotation", "ac2g", "fwdbwd"):
+        return NameClass(MARKER)
+    m = _OWN_SPAN.match(name)
+    if m:
+        axis, op = m.group(1), normalize_op(m.group(2)) or m.group(2)
+        c = category_for(op, axis)
+        return NameClass(c, op, axis, float(m.group(3)))
+    is_device = cat in DEVICE_CATS
+    if cat in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset"):
+        return NameClass(MEMCPY)
+    if is_device or cat in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", ""):
+        for pat, op in _KERNEL_RULES:
+            m = pat.search(name)
+            if not m:
+                continue
+            if op == "args":
+                return NameClass(OTHER_COMM, None, None, needs_args=True)
+            if op is None:
+                op = _KERNEL_OP_NAMES.get(m.group(1).lower())
+            if op == "other":
+                return NameClass(OTHER_COMM, None, "other")
+            # Prefer the process group named in the event's args when there is one.
+            return NameClass(category_for(op, axis_for(op)), op, axis_for(op), needs_args=is_device)
+        if name == "record_param_comms":
+            return NameClass(OTHER_COMM, needs_args=True)
+        m = _CPU_OP.match(name)
+        if m:
+            op = normalize_op(m.group(1) or m.group(2))
+            if op:
+                return NameClass(category_for(op, axis_for(op)), op, axis_for(op), needs_args=True)
+        if is_device or cat in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"):
+            return NameClass(COMPUTE)
+    return NameClass(OTHER)
+
+
+@dataclass
+class Classified:
+    """Per-event classification of one trace, parallel to its arrays."""
+
+    category: np.ndarray  # int8 codes
+    comm_bytes: np.ndarray  # float64, NaN when unknown
+    comm_op: list  # per event: op string for comm events, else None (list: few comm events per trace)
+    comm_axis: list
+    comm_group: list  # process group key (name or size) for cross-rank matching, None if unknown
+    group_size: np.ndarray  # int, 0 unknown
+    unknown_names: dict[str, int]  # names that fell into "other", with counts
+
+
+def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None, float, str | None, int]:
+    op = normalize_op(str(args.get("Collective name", ""))) or fallback.op
+    pg = f'{args.get("Process Group Description") or ""} {args.get("Process Group Name") or ""}'
+    axis = axis_for(op, pg)
+    nel = args.get("In msg nelems")
+    if op in ("all_gather",) and args.get("Out msg nelems"):
+        nel = args.get("Out msg nelems")
+    dt = str(args.get("dtype", "")).lower()
+    size = float(nel) * _DTYPE_BYTES.get(dt, 0) if isinstance(nel, (int, float)) and dt in _DTYPE_BYTES else float("nan")
+    group = args.get("Process Group Name")
+    gsize = args.get("Group size") or 0
+    return op, axis, size, (str(group) if group is not None else None), int(gsize) if isinstance(gsize, int) else 0
+
+
+def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
+    n = len(trace.ts)
+    name_classes = []
+    cat_names = trace.cats
+    # The category of an event depends on (name, cat): classify unique pairs only.
+    pair = trace.name_id.astype(np.int64) * max(1, len(cat_names)) + trace.cat_id
+    uniq, inverse = np.unique(pair, return_inverse=True)
+    codes = np.empty(len(uniq), np.int8)
+    for i, p in enumerate(uniq):
+        nid, cid = divmod(int(p), max(1, len(cat_names)))
+        c = classify_name(trace.names[nid], cat_names[cid] if cat_names else "", rules)
+        name_classes.append(c)
+        codes[i] = c.category
+    category = codes[inverse] if n else np.zeros(0, np.int8)
+    comm_bytes = np.full(n, np.nan)
+    group_size = np.zeros(n, np.int64)
+    comm_op: list = [None] * n
+    comm_axis: list = [None] * n
+    comm_group: list = [None] * n
+    for i in np.flatnonzero(np.isin(category, COMM_CODES)):
+        nc = name_classes[inverse[i]]
+        if nc.needs_args:
+            op, axis, size, group, gsize = _args_class(trace.args(int(i)), nc)
+            if op is None:
+                continue  # e.g. record_param_comms without a collective name: keep as other_comm
+            category[i] = category_for(op, axis)
+            comm_op[i], comm_axis[i], comm_bytes[i], comm_group[i], group_size[i] = op, axis, size, group, gsize
+        else:
+            comm_op[i], comm_axis[i], comm_bytes[i] = nc.op, nc.axis, nc.bytes
+            m = _OWN_SPAN.match(trace.names[trace.name_id[i]])
+            if m and m.group(5):
+                group_size[i] = int(m.group(5))
+                comm_group[i] = f"{m.group(1)}"
+    unknown: dict[str, int] = {}
+    for i, c in enumerate(name_classes):
+        if c.category == OTHER:
+            nid, _ = divmod(int(uniq[i]), max(1, len(cat_names)))
+            unknown[trace.names[nid]] = int(np.count_nonzero(inverse == i))
+    return Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown)

@@ -1,0 +1,229 @@
+"""One trace model for every analyzer: a Kineto/Chrome trace as numpy interval arrays.
+
+Decoding uses msgspec with typed structs that name only the fields we use (name, cat, ph,
+ts, dur, pid, tid; `args` kept raw and decoded only for the few events that need it), which
+runs at several hundred MB/s; the per-event columns then become numpy arrays, and every
+later step (classification by unique name, interval unions, windows) works on arrays.
+
+Times are microseconds on an absolute clock: `ts + baseTimeNanoseconds / 1000`, so ranks
+of one run line up, and telemetry stamped with Unix nanoseconds lines up with them.
+Bad input raises TraceError with one line that names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Union
+
+import msgspec
+import numpy as np
+
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "Kernel", "Memcpy", "Memset"})
+
+
+class TraceError(ValueError):
+    """A trace (or directory of traces) that cannot be analyzed; the message is one line."""
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    ts: float = 0.0
+    dur: float = 0.0
+    pid: Union[int, str] = 0
+    tid: Union[int, str] = 0
+    args: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Trace(msgspec.Struct, gc=False):
+    traceEvents: list[_Event]
+    baseTimeNanoseconds: int = 0
+    distributedInfo: msgspec.Raw = msgspec.Raw(b"null")
+    commprobe: msgspec.Raw = msgspec.Raw(b"null")
+
+
+@dataclass
+class Trace:
+    """Complete ('X') events of one rank, as parallel arrays sorted by start time."""
+
+    path: str
+    rank: int
+    ts: np.ndarray  # float64, absolute µs
+    dur: np.ndarray  # float64 µs
+    name_id: np.ndarray  # int32 into names
+    cat_id: np.ndarray  # int32 into cats
+    pid: np.ndarray  # int64 (string pids interned negative)
+    tid: np.ndarray  # int64
+    names: list[str]
+    cats: list[str]
+    raw_args: list[bytes]  # per event, b"null" when absent (decoded lazily)
+    base_ns: int
+    distributed: dict | None
+    commprobe: dict | None
+    uncompressed_bytes: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    def is_device(self) -> np.ndarray:
+        dev = np.array([c in DEVICE_CATS for c in self.cats], dtype=bool)
+        return dev[self.cat_id] if len(self.cats) else np.zeros(0, bool)
+
+    def args(self, i: int) -> dict:
+        raw = self.raw_args[i]
+        if raw == b"null":
+            return {}
+        try:
+            out = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            return {}
+        return out if isinstance(out, dict) else {}
+
+
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+def max_trace_bytes() -> int:
+    """Refuse traces whose decoded size would not fit comfortably: about a third of free memory."""
+    env = os.environ.get("COMMPROBE_MAX_TRACE_BYTES")
+    if env:
+        return int(env)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // 3
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+    if size == 0:
+        raise TraceError(f"{path}: empty file")
+    limit = max_trace_bytes()
+    with open(path, "rb") as f:
+        head = f.read(2)
+        if head == b"\x1f\x8b":
+            # ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a cheap first guard.
+            f.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(f.read(4), "little")
+            if max(isize, size) > limit:
+                raise TraceError(f"{path}: too large for memory here (~{max(isize, size) / 1e9:.1f} GB "
+                                 f"uncompressed, limit {limit / 1e9:.1f} GB); analyze fewer steps or ranks")
+            f.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=f) as g:
+                    data = g.read(limit + 1)
+            except (EOFError, OSError, zlib.error) as e:
+                raise TraceError(f"{path}: truncated or corrupt gzip ({e})") from None
+        else:
+            if size > limit:
+                raise TraceError(f"{path}: too large for memory here ({size / 1e9:.1f} GB, limit {limit / 1e9:.1f} GB)")
+            f.seek(0)
+            data = f.read()
+    if len(data) > limit:
+        raise TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
+    if not data.strip():
+        raise TraceError(f"{path}: empty trace")
+    return data
+
+
+def _decode_top(path: Path, data: bytes) -> _Trace:
+    try:
+        return msgspec.json.decode(data, type=_Trace)
+    except msgspec.ValidationError as e:
+        # A bare list of events is a valid Chrome trace too.
+        try:
+            events = msgspec.json.decode(data, type=list[_Event])
+            return _Trace(traceEvents=events)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+        raise TraceError(f"{path}: not a Kineto/Chrome trace ({e})") from None
+    except msgspec.DecodeError as e:
+        raise TraceError(f"{path}: not JSON ({e})") from None
+
+
+def _intern(values, table: dict) -> np.ndarray:
+    return np.fromiter((table.setdefault(v, len(table)) for v in values), np.int64, len(values))
+
+
+def _id_of(v) -> int:
+    if isinstance(v, int):
+        return v
+    return -1 - (zlib.crc32(str(v).encode()) & 0x7FFFFFFF)  # stable negative id for string pids/tids
+
+
+def load_trace(path: str | Path, rank: int | None = None) -> Trace:
+    path = Path(path)
+    data = _read_bytes(path)
+    top = _decode_top(path, data)
+    dist = msgspec.json.decode(top.distributedInfo) if top.distributedInfo != b"null" else None
+    meta = msgspec.json.decode(top.commprobe) if top.commprobe != b"null" else None
+    if isinstance(meta, str):  # add_metadata_json stores a JSON string in some torch versions
+        try:
+            meta = msgspec.json.decode(meta.encode())
+        except msgspec.DecodeError:
+            meta = None
+    if rank is None:
+        if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+            rank = dist["rank"]
+        else:
+            m = _RANK_IN_NAME.search(path.name)
+            rank = int(m.group(1)) if m else 0
+    ev = [e for e in top.traceEvents if e.ph == "X"]
+    n = len(ev)
+    dur = np.fromiter((e.dur for e in ev), np.float64, n)
+    if n and dur.min() < 0:
+        bad = ev[int(dur.argmin())]
+        raise TraceError(f"{path}: event {bad.name[:60]!r} has a negative duration ({bad.dur} µs)")
+    base_us = top.baseTimeNanoseconds / 1000.0
+    ts = np.fromiter((e.ts for e in ev), np.float64, n) + base_us
+    names: dict[str, int] = {}
+    cats: dict[str, int] = {}
+    name_id = _intern([e.name for e in ev], names)
+    cat_id = _intern([e.cat for e in ev], cats)
+    pid = np.fromiter((_id_of(e.pid) for e in ev), np.int64, n)
+    tid = np.fromiter((_id_of(e.tid) for e in ev), np.int64, n)
+    raw_args = [bytes(e.args) for e in ev]
+    order = np.argsort(ts, kind="stable")  # Kineto does not promise order; analyzers rely on it
+    return Trace(str(path), rank, ts[order], dur[order], name_id[order].astype(np.int32), cat_id[order].astype(np.int32),
+                 pid[order], tid[order], list(names), list(cats), [raw_args[i] for i in order],
+                 top.baseTimeNanoseconds, dist, meta, len(data))
+
+
+def _trace_files(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+                  and p.name not in ("manifest.json", "timings.json") and not p.name.startswith("."))
+
+
+def load_traces(path: str | Path) -> list[Trace]:
+    """One file, or a directory of one run's rank traces (a commprobe bundle or any folder)."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such file or directory")
+    if path.is_file():
+        return [load_trace(path)]
+    files = _trace_files(path)
+    if not files:
+        raise TraceError(f"{path}: no traces (*.json or *.json.gz) in this directory")
+    traces = [load_trace(f) for f in files]
+    ranks = [t.rank for t in traces]
+    dup = sorted({r for r in ranks if ranks.count(r) > 1})
+    if dup:
+        raise TraceError(f"{path}: mixed traces: rank {dup[0]} appears in more than one file")
+    worlds = {t.distributed.get("world_size") for t in traces if isinstance(t.distributed, dict)} - {None}
+    if len(worlds) > 1:
+        raise TraceError(f"{path}: mixed traces: world sizes {sorted(worlds)} in one directory")
+    return sorted(traces, key=lambda t: t.rank)
