@@ -38,7 +38,7 @@ def primary_calls(trace: Trace, cls: Classified) -> list[Call]:
     own = [i for i in comm if names[trace.name_id[i]].startswith("commprobe/comm/")]
     dev = trace.is_device()
     if own:
-        pick = own
+        pick = _outermost(trace, own)  # a user's span around our own counts once
     else:
         dev_comm = [i for i in comm if dev[i] and cls.comm_op[i]]
         host = [i for i in comm if not dev[i] and cls.comm_op[i] and names[trace.name_id[i]] == "record_param_comms"]

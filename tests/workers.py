@@ -141,3 +141,34 @@ def spans_under_profiler() -> list[str]:
         dda.send_recv(torch.ones(5), 1 - gloo.rank, 1 - gloo.rank)
     dda.close()
     return sorted({e.name for e in prof.events() if e.name.startswith("commprobe/")})
+
+
+def delayed_allreduce_traces(out_dir: str, delay_s: float, calls: int) -> None:
+    """Real profiled CPU runs of `calls` decode-like steps (matmul, then a gloo allreduce), three ways:
+    `base` (no delay), `inside` (every rank sleeps `delay_s` inside the collective's span), and
+    `before` (rank 1 sleeps `delay_s` before the collective, so rank 0 waits for it)."""
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from collectives.spans import span_name
+
+    rank = dist.get_rank()
+    a = torch.randn(256, 256)
+    for mode in ("base", "inside", "before"):
+        d = Path(out_dir) / mode
+        d.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i in range(calls):
+                with record_function(f"commprobe/decode[{i}]"):
+                    x = (a @ a).sum(0)
+                    if mode == "before" and rank == 1:
+                        time.sleep(delay_s)
+                    with record_function(span_name("tp", "all_reduce", x.numel() * 4, x.dtype, 2, "gloo")):
+                        if mode == "inside":
+                            time.sleep(delay_s)
+                        dist.all_reduce(x)
+        prof.export_chrome_trace(str(d / f"rank{rank}.trace.json"))
