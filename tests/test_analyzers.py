@@ -194,9 +194,9 @@ def _bad(tmp_path, name, data: bytes):
     return p
 
 
-@pytest.mark.parametrize("name, data, needle", [
+@pytest.mark.parametrize(argnames="name, data, needle", ids=["empty", "truncated", "text", "wrong-schema", "negative"], argvalues=[
     ("empty.json", b"", "empty file"),
-    ("trunc.json.gz", gzip.compress(b'{"traceEvents": [' + b'{"ph": "X"},' * 1000)[:200], "truncated or corrupt gzip"),
+    ("trunc.json.gz", gzip.compress(b'{"traceEvents": [' + b'{"ph": "X"},' * 1000)[:40], "truncated or corrupt gzip"),
     ("text.json", b"this is not json", "not JSON"),
     ("wrong.json", b'{"foo": 1}', "not a Kineto/Chrome trace"),
     ("neg.json", json.dumps({"traceEvents": [{"ph": "X", "name": "k", "ts": 5, "dur": -3}]}).encode(), "negative duration"),
@@ -220,7 +220,7 @@ def test_bad_directories_and_oversized_traces(tmp_path, gpu_pair):
     _write(mixed / "b.json.gz", 0, _gpu_rank(0, 300))
     r = run_cli("analyze", str(mixed))
     assert r.returncode == 2 and "rank 0 appears in more than one file" in r.stderr
-    r = run_cli("analyze", str(gpu_pair), env={"COMMPROBE_MAX_TRACE_BYTES": "1000"})
+    r = run_cli("analyze", str(gpu_pair), env={"COMMPROBE_MAX_TRACE_BYTES": "100"})
     assert r.returncode == 2 and "too large for memory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
