@@ -128,7 +128,7 @@ def test_injected_delays_are_attributed_within_ten_percent(tmp_path):
     from probe.launch import launch
     from tests import workers
 
-    delay, calls = 0.02, 10
+    delay, calls = 0.05, 8
     launch(workers.delayed_allreduce_traces, 2, (str(tmp_path), delay, calls), timeout=120)
     base, inside, before = (analyze(tmp_path / m) for m in ("base", "inside", "before"))
     injected = delay * calls * 1e6
