@@ -104,3 +104,29 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
         busy = sum(iv.length(iv.clip(unions[MARKER], lo, hi)) for lo, hi in spans)
         phases[phase] = {"windows": len(spans), "e2e_us": e2e, "idle_us": max(0.0, e2e - busy), "categories": cats}
     return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases}
+
+
+def comm_comp_overlap(trace: Trace, cls: Classified, window: tuple[float, float] | None = None) -> dict:
+    """Share of communication-kernel time overlapped by compute kernels: the quantity HTA's
+    `get_comm_comp_overlap` reports, for cross-checking (device timelines only). With `window`,
+    only kernels that start inside it count (HTA analyzes a single iteration by default)."""
+    dev = trace.is_device()
+    if window is not None:
+        dev = dev & (trace.ts >= window[0]) & (trace.ts < window[1])
+    start, end = trace.ts, trace.ts + trace.dur
+    comm = dev & np.isin(cls.category, COMM_CODES)
+    comp = dev & (cls.category == COMPUTE)
+    cu, pu = iv.union(start[comm], end[comm]), iv.union(start[comp], end[comp])
+    total, both = iv.length(cu), iv.length(iv.intersect(cu, pu))
+    return {"comm_us": total, "overlap_us": both, "overlap_pct": 100.0 * both / total if total else 0.0}
+
+
+def step_windows(trace: Trace) -> dict[str, tuple[float, float]]:
+    """Host-side ProfilerStep#N spans by name (the iterations HTA splits a trace into)."""
+    out = {}
+    dev = trace.is_device()
+    for i in np.flatnonzero(~dev):
+        name = trace.names[trace.name_id[i]]
+        if _STEP.match(name):
+            out[name] = (float(trace.ts[i]), float(trace.ts[i] + trace.dur[i]))
+    return out

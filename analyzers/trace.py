@@ -17,6 +17,7 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Union
 
@@ -62,7 +63,7 @@ class Trace:
     tid: np.ndarray  # int64
     names: list[str]
     cats: list[str]
-    raw_args: list[bytes]  # per event, b"null" when absent (decoded lazily)
+    raw_args: "_LazyArgs"  # per event msgspec.Raw, b"null" when absent (decoded lazily)
     base_ns: int
     distributed: dict | None
     commprobe: dict | None
@@ -79,7 +80,7 @@ class Trace:
 
     def args(self, i: int) -> dict:
         raw = self.raw_args[i]
-        if raw == b"null":
+        if bytes(raw) == b"null":
             return {}
         try:
             out = msgspec.json.decode(raw)
@@ -155,12 +156,8 @@ def _decode_top(path: Path, data: bytes) -> _Trace:
         raise TraceError(f"{path}: not JSON ({e})") from None
 
 
-def _intern(values, table: dict) -> np.ndarray:
-    return np.fromiter((table.setdefault(v, len(table)) for v in values), np.int64, len(values))
-
-
 def _id_of(v) -> int:
-    if isinstance(v, int):
+    if v.__class__ is int:
         return v
     return -1 - (zlib.crc32(str(v).encode()) & 0x7FFFFFFF)  # stable negative id for string pids/tids
 
@@ -182,25 +179,44 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
         else:
             m = _RANK_IN_NAME.search(path.name)
             rank = int(m.group(1)) if m else 0
-    ev = [e for e in top.traceEvents if e.ph == "X"]
-    n = len(ev)
-    dur = np.fromiter((e.dur for e in ev), np.float64, n)
-    if n and dur.min() < 0:
-        bad = ev[int(dur.argmin())]
-        raise TraceError(f"{path}: event {bad.name[:60]!r} has a negative duration ({bad.dur} µs)")
-    base_us = top.baseTimeNanoseconds / 1000.0
-    ts = np.fromiter((e.ts for e in ev), np.float64, n) + base_us
-    names: dict[str, int] = {}
-    cats: dict[str, int] = {}
-    name_id = _intern([e.name for e in ev], names)
-    cat_id = _intern([e.cat for e in ev], cats)
-    pid = np.fromiter((_id_of(e.pid) for e in ev), np.int64, n)
-    tid = np.fromiter((_id_of(e.tid) for e in ev), np.int64, n)
-    raw_args = [bytes(e.args) for e in ev]
+    ev = top.traceEvents
+    # Columns via map/attrgetter (C-level loops), then numpy; only complete ('X') events are kept.
+    ph_ids, ph_table = _factorize(list(map(_get_ph, ev)))
+    keep = np.flatnonzero(ph_ids == ph_table.get("X", -1))
+    m = len(ev)
+    dur = np.fromiter(map(_get_dur, ev), np.float64, m)[keep]
+    if len(keep) and dur.min() < 0:
+        i = int(keep[int(dur.argmin())])
+        raise TraceError(f"{path}: event {ev[i].name[:60]!r} has a negative duration ({ev[i].dur} µs)")
+    ts = np.fromiter(map(_get_ts, ev), np.float64, m)[keep] + top.baseTimeNanoseconds / 1000.0
+    name_id, names = _factorize(list(map(_get_name, ev)))
+    cat_id, cats = _factorize(list(map(_get_cat, ev)))
+    pid = np.fromiter(map(_id_of, map(_get_pid, ev)), np.int64, m)[keep]
+    tid = np.fromiter(map(_id_of, map(_get_tid, ev)), np.int64, m)[keep]
     order = np.argsort(ts, kind="stable")  # Kineto does not promise order; analyzers rely on it
-    return Trace(str(path), rank, ts[order], dur[order], name_id[order].astype(np.int32), cat_id[order].astype(np.int32),
-                 pid[order], tid[order], list(names), list(cats), [raw_args[i] for i in order],
-                 top.baseTimeNanoseconds, dist, meta, len(data))
+    return Trace(str(path), rank, ts[order], dur[order], name_id[keep][order].astype(np.int32),
+                 cat_id[keep][order].astype(np.int32), pid[order], tid[order], list(names), list(cats),
+                 _LazyArgs(ev, keep[order]), top.baseTimeNanoseconds, dist, meta, len(data))
+
+
+class _LazyArgs:
+    """Raw `args` of the kept events, looked up in the decoded events only when asked for."""
+
+    def __init__(self, events: list, index: np.ndarray):
+        self._events, self._index = events, index
+
+    def __getitem__(self, i: int):
+        return self._events[int(self._index[i])].args
+
+
+_get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")
+_get_name, _get_cat, _get_pid, _get_tid, _get_args = (attrgetter(a) for a in ("name", "cat", "pid", "tid", "args"))
+
+
+def _factorize(values: list) -> tuple[np.ndarray, dict]:
+    """Integer codes for a list of hashables, with the code table; C-level dict lookups only."""
+    table = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    return np.fromiter(map(table.__getitem__, values), np.int64, len(values)), table
 
 
 def _trace_files(d: Path) -> list[Path]:
