@@ -60,7 +60,7 @@ def _outermost(trace: Trace, idx: list[int]) -> list[int]:
     """Host ops nest (c10d::allreduce_ inside record_param_comms...): keep the outermost per thread."""
     out, last_end = [], {}
     for i in sorted(idx, key=lambda i: (trace.ts[i], -trace.dur[i])):
-        t = int(trace.tid[i])
+        t = trace.lazy.tid(i)
         if trace.ts[i] < last_end.get(t, -math.inf):
             continue
         out.append(i)

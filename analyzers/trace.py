@@ -1,7 +1,7 @@
 """One trace model for every analyzer: a Kineto/Chrome trace as numpy interval arrays.
 
 Decoding uses msgspec with typed structs that name only the fields we use (name, cat, ph,
-ts, dur, pid, tid; `args` kept raw and decoded only for the few events that need it), which
+ts, dur, tid; `args` kept raw and decoded only for the few events that need it), which
 runs at several hundred MB/s; the per-event columns then become numpy arrays, and every
 later step (classification by unique name, interval unions, windows) works on arrays.
 
@@ -12,7 +12,6 @@ Bad input raises TraceError with one line that names the file and the problem.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import zlib
@@ -37,7 +36,6 @@ class _Event(msgspec.Struct, gc=False):
     cat: str = ""
     ts: float = 0.0
     dur: float = 0.0
-    pid: Union[int, str] = 0
     tid: Union[int, str] = 0
     args: msgspec.Raw = msgspec.Raw(b"null")
 
@@ -59,11 +57,9 @@ class Trace:
     dur: np.ndarray  # float64 µs
     name_id: np.ndarray  # int32 into names
     cat_id: np.ndarray  # int32 into cats
-    pid: np.ndarray  # int64 (string pids interned negative)
-    tid: np.ndarray  # int64
     names: list[str]
     cats: list[str]
-    raw_args: "_LazyArgs"  # per event msgspec.Raw, b"null" when absent (decoded lazily)
+    lazy: "_Lazy"  # raw args and thread ids, per event, on demand
     base_ns: int
     distributed: dict | None
     commprobe: dict | None
@@ -79,7 +75,7 @@ class Trace:
         return dev[self.cat_id] if len(self.cats) else np.zeros(0, bool)
 
     def args(self, i: int) -> dict:
-        raw = self.raw_args[i]
+        raw = self.lazy.args(i)
         if bytes(raw) == b"null":
             return {}
         try:
@@ -124,11 +120,13 @@ def _read_bytes(path: Path) -> bytes:
                 raise TraceError(f"{path}: too large for memory here (~{max(isize, size) / 1e9:.1f} GB "
                                  f"uncompressed, limit {limit / 1e9:.1f} GB); analyze fewer steps or ranks")
             f.seek(0)
+            d = zlib.decompressobj(wbits=31)  # gzip framing, CRC checked in C, one call
             try:
-                with gzip.GzipFile(fileobj=f) as g:
-                    data = g.read(limit + 1)
-            except (EOFError, OSError, zlib.error) as e:
+                data = d.decompress(f.read(), limit + 1)
+            except zlib.error as e:
                 raise TraceError(f"{path}: truncated or corrupt gzip ({e})") from None
+            if not d.eof and len(data) <= limit:
+                raise TraceError(f"{path}: truncated or corrupt gzip (stream ends early)")
         else:
             if size > limit:
                 raise TraceError(f"{path}: too large for memory here ({size / 1e9:.1f} GB, limit {limit / 1e9:.1f} GB)")
@@ -159,7 +157,7 @@ def _decode_top(path: Path, data: bytes) -> _Trace:
 def _id_of(v) -> int:
     if v.__class__ is int:
         return v
-    return -1 - (zlib.crc32(str(v).encode()) & 0x7FFFFFFF)  # stable negative id for string pids/tids
+    return -1 - (zlib.crc32(str(v).encode()) & 0x7FFFFFFF)  # stable negative id for string thread ids
 
 
 def load_trace(path: str | Path, rank: int | None = None) -> Trace:
@@ -191,26 +189,27 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     ts = np.fromiter(map(_get_ts, ev), np.float64, m)[keep] + top.baseTimeNanoseconds / 1000.0
     name_id, names = _factorize(list(map(_get_name, ev)))
     cat_id, cats = _factorize(list(map(_get_cat, ev)))
-    pid = np.fromiter(map(_id_of, map(_get_pid, ev)), np.int64, m)[keep]
-    tid = np.fromiter(map(_id_of, map(_get_tid, ev)), np.int64, m)[keep]
     order = np.argsort(ts, kind="stable")  # Kineto does not promise order; analyzers rely on it
     return Trace(str(path), rank, ts[order], dur[order], name_id[keep][order].astype(np.int32),
-                 cat_id[keep][order].astype(np.int32), pid[order], tid[order], list(names), list(cats),
-                 _LazyArgs(ev, keep[order]), top.baseTimeNanoseconds, dist, meta, len(data))
+                 cat_id[keep][order].astype(np.int32), list(names), list(cats),
+                 _Lazy(ev, keep[order]), top.baseTimeNanoseconds, dist, meta, len(data))
 
 
-class _LazyArgs:
-    """Raw `args` of the kept events, looked up in the decoded events only when asked for."""
+class _Lazy:
+    """Fields few events need (raw `args`, thread id), looked up in the decoded events on demand."""
 
     def __init__(self, events: list, index: np.ndarray):
         self._events, self._index = events, index
 
-    def __getitem__(self, i: int):
+    def args(self, i: int):
         return self._events[int(self._index[i])].args
+
+    def tid(self, i: int) -> int:
+        return _id_of(self._events[int(self._index[i])].tid)
 
 
 _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")
-_get_name, _get_cat, _get_pid, _get_tid, _get_args = (attrgetter(a) for a in ("name", "cat", "pid", "tid", "args"))
+_get_name, _get_cat = attrgetter("name"), attrgetter("cat")
 
 
 def _factorize(values: list) -> tuple[np.ndarray, dict]:

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -26,8 +25,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-OURS = """
-import sys, time, json, resource
+HWM = """
+def hwm():  # peak RSS of this process image (VmHWM resets at exec, unlike ru_maxrss)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+"""
+
+OURS = HWM.replace("{", "{{").replace("}", "}}") + """
+import sys, time, json
 sys.path.insert(0, {root!r})
 t = time.perf_counter()
 from analyzers.analysis import analyze
@@ -42,12 +49,11 @@ for tr in load_traces(sys.argv[1]):
     cls = classify(tr)
     ov[tr.rank] = comm_comp_overlap(tr, cls)["overlap_pct"]
     steps[tr.rank] = {{k: round(comm_comp_overlap(tr, cls, w)["overlap_pct"], 2) for k, w in step_windows(tr).items()}}
-print(json.dumps({{"s": dt, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "bytes": r["source"]["uncompressed_bytes"], "overlap": ov, "steps": steps}}))
+print(json.dumps({{"s": dt, "rss": hwm(), "bytes": r["source"]["uncompressed_bytes"], "overlap": ov, "steps": steps}}))
 """
 
-HTA = """
-import sys, time, json, resource, logging
+HTA = HWM.replace("{", "{{").replace("}", "}}") + """
+import sys, time, json, logging
 logging.disable(logging.WARNING)
 from hta.trace_analysis import TraceAnalysis
 t = time.perf_counter()
@@ -55,7 +61,7 @@ a = TraceAnalysis(trace_dir=sys.argv[1])
 df = a.get_comm_comp_overlap(visualize=False)
 dt = time.perf_counter() - t
 ov = {{int(r["rank"]): float(r["comp_comm_overlap_pctg"]) for _, r in df.iterrows()}}
-print(json.dumps({{"s": dt, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "overlap": ov}}))
+print(json.dumps({{"s": dt, "rss": hwm(), "overlap": ov}}))
 """
 
 
