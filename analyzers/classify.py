@@ -82,6 +82,10 @@ _KERNEL_RULES: list[tuple[re.Pattern, str | None]] = [
     (re.compile(r"mscclpp", re.I), "other"),
     (re.compile(r"dda_(?:one|two)shot|commprobe_dda", re.I), "allreduce"),  # our GPU DDA kernels
 ]
+# Every kernel rule above needs one of these substrings (lowercased): a C-speed prefilter that spares
+# the regexes the long C++ template names of ordinary compute kernels.
+_COMM_HINTS = ("nccl", "rccl", "all_reduce", "allreduce", "all_gather", "allgather", "deep_ep", "mscclpp",
+               "dda_", "commprobe", "cross_device_reduce", "lamport")
 _CPU_OP = re.compile(r"^(?:c10d|c10d_functional|_c10d_functional)::(\w+)|^(?:nccl|gloo|mpi|ucc|dda):(\w+)")
 _OWN_SPAN = re.compile(r"^commprobe/comm/(\w+)/(\w+)/bytes=(\d+)(?:/dtype=(\w+))?(?:/group=(\d+))?(?:/backend=(\w+))?")
 _PHASE = re.compile(r"^commprobe/(prefill|decode)\b|^ProfilerStep#\d+")
@@ -160,8 +164,10 @@ def classify_name(name: str, cat: str, rules: list[Rule] = ()) -> NameClass:
     is_device = cat in DEVICE_CATS
     if cat in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset"):
         return NameClass(MEMCPY)
+    low = name.lower()
+    hinted = any(h in low for h in _COMM_HINTS)
     if is_device or cat in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", ""):
-        for pat, op in _KERNEL_RULES:
+        for pat, op in (_KERNEL_RULES if hinted else ()):
             m = pat.search(name)
             if not m:
                 continue

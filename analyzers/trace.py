@@ -5,8 +5,10 @@ ts, dur, tid; `args` kept raw and decoded only for the few events that need it),
 runs at several hundred MB/s; the per-event columns then become numpy arrays, and every
 later step (classification by unique name, interval unions, windows) works on arrays.
 
-Times are microseconds on an absolute clock: `ts + baseTimeNanoseconds / 1000`, so ranks
-of one run line up, and telemetry stamped with Unix nanoseconds lines up with them.
+Times are microseconds since `origin_ns` (Unix ns). A trace's own events are relative to its
+`baseTimeNanoseconds`; a set of ranks is rebased onto the earliest base, so ranks of one run
+line up, and telemetry stamped with Unix nanoseconds lines up too. (Absolute Unix µs in a
+float64 would keep only 0.25 µs of resolution; relative times keep nanoseconds.)
 Bad input raises TraceError with one line that names the file and the problem.
 """
 
@@ -53,14 +55,14 @@ class Trace:
 
     path: str
     rank: int
-    ts: np.ndarray  # float64, absolute µs
+    ts: np.ndarray  # float64 µs since origin_ns
     dur: np.ndarray  # float64 µs
     name_id: np.ndarray  # int32 into names
     cat_id: np.ndarray  # int32 into cats
     names: list[str]
     cats: list[str]
     lazy: "_Lazy"  # raw args and thread ids, per event, on demand
-    base_ns: int
+    origin_ns: int
     distributed: dict | None
     commprobe: dict | None
     uncompressed_bytes: int
@@ -186,7 +188,7 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     if len(keep) and dur.min() < 0:
         i = int(keep[int(dur.argmin())])
         raise TraceError(f"{path}: event {ev[i].name[:60]!r} has a negative duration ({ev[i].dur} µs)")
-    ts = np.fromiter(map(_get_ts, ev), np.float64, m)[keep] + top.baseTimeNanoseconds / 1000.0
+    ts = np.fromiter(map(_get_ts, ev), np.float64, m)[keep]
     name_id, names = _factorize(list(map(_get_name, ev)))
     cat_id, cats = _factorize(list(map(_get_cat, ev)))
     order = np.argsort(ts, kind="stable")  # Kineto does not promise order; analyzers rely on it
@@ -241,4 +243,8 @@ def load_traces(path: str | Path) -> list[Trace]:
     worlds = {t.distributed.get("world_size") for t in traces if isinstance(t.distributed, dict)} - {None}
     if len(worlds) > 1:
         raise TraceError(f"{path}: mixed traces: world sizes {sorted(worlds)} in one directory")
+    origin = min(t.origin_ns for t in traces)
+    for t in traces:  # one clock for the run: shift each rank by its base's distance from the earliest
+        t.ts += (t.origin_ns - origin) / 1000.0
+        t.origin_ns = origin
     return sorted(traces, key=lambda t: t.rank)

@@ -238,3 +238,19 @@ def test_analyzers_never_import_torch(gpu_pair):
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code, str(gpu_pair)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_clock_offset_between_hosts_is_corrected_by_collective_end(tmp_path):
+    """Rank 1's clock runs 10 ms ahead: on raw clocks rank 0 looks late; aligned on the collectives'
+    ends, rank 1 is the straggler again."""
+    d = tmp_path / "skewed"
+    d.mkdir()
+    base = 1_700_000_000_000_000_000
+    _write(d / "rank0.trace.json.gz", 0, _gpu_rank(0, 300), base=base)
+    _write(d / "rank1.trace.json.gz", 1, _gpu_rank(1, 450), base=base - 10_000_000)  # 10 ms earlier base
+    raw = analyze(d)
+    assert raw["collectives"]["straggler"] != 1  # fooled by the clocks
+    aligned = analyze(d, align="collective-end")
+    assert aligned["collectives"]["straggler"] == 1
+    assert aligned["collectives"]["ranks"][0]["wait_us"] == pytest.approx(150)
+    assert aligned["collectives"]["offsets_us"]["1"] == pytest.approx(-10_000)
