@@ -25,6 +25,11 @@ from typing import Union
 import msgspec
 import numpy as np
 
+try:  # ISA-L inflates gzip about twice as fast as zlib here; same API, zlib as the fallback
+    from isal import isal_zlib as _inflate
+except ImportError:  # pragma: no cover - platforms without isal wheels
+    _inflate = zlib
+
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "Kernel", "Memcpy", "Memset"})
 
 
@@ -122,10 +127,10 @@ def _read_bytes(path: Path) -> bytes:
                 raise TraceError(f"{path}: too large for memory here (~{max(isize, size) / 1e9:.1f} GB "
                                  f"uncompressed, limit {limit / 1e9:.1f} GB); analyze fewer steps or ranks")
             f.seek(0)
-            d = zlib.decompressobj(wbits=31)  # gzip framing, CRC checked in C, one call
+            d = _inflate.decompressobj(wbits=31)  # gzip framing, CRC checked in C, one call
             try:
                 data = d.decompress(f.read(), limit + 1)
-            except zlib.error as e:
+            except (zlib.error, _inflate.error) as e:
                 raise TraceError(f"{path}: truncated or corrupt gzip ({e})") from None
             if not d.eof and len(data) <= limit:
                 raise TraceError(f"{path}: truncated or corrupt gzip (stream ends early)")
@@ -136,7 +141,7 @@ def _read_bytes(path: Path) -> bytes:
             data = f.read()
     if len(data) > limit:
         raise TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
-    if not data.strip():
+    if not data[:4096].strip() and not data.strip():
         raise TraceError(f"{path}: empty trace")
     return data
 
@@ -181,8 +186,7 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
             rank = int(m.group(1)) if m else 0
     ev = top.traceEvents
     # Columns via map/attrgetter (C-level loops), then numpy; only complete ('X') events are kept.
-    ph_ids, ph_table = _factorize(list(map(_get_ph, ev)))
-    keep = np.flatnonzero(ph_ids == ph_table.get("X", -1))
+    keep = np.flatnonzero(np.fromiter(map("X".__eq__, map(_get_ph, ev)), bool, len(ev)))
     m = len(ev)
     dur = np.fromiter(map(_get_dur, ev), np.float64, m)[keep]
     if len(keep) and dur.min() < 0:

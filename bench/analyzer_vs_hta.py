@@ -119,7 +119,7 @@ def single_dir(f: Path, tmp: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "traces" / "hta"))
-    ap.add_argument("--generate-mb", type=float, default=520.0, help="total uncompressed MB of the 8-rank set (0: skip)")
+    ap.add_argument("--generate-mb", type=float, default=580.0, help="total uncompressed MB of the 8-rank set (0: skip)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cp-vs-hta-"))
     try:
