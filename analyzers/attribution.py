@@ -94,14 +94,15 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
     exposed_base = {c: iv.subtract(unions[c], compute) if tl.device else unions[c] for c in (*COMM_CODES, MEMCPY)}
     phases = {}
     for phase, spans in wins.items():
-        e2e = sum(hi - lo for lo, hi in spans)
+        lo = np.array([a for a, _ in spans])
+        hi = np.array([b for _, b in spans])
+        e2e = float(np.sum(hi - lo))
         cats = {}
         for code in (COMPUTE, *COMM_CODES, MEMCPY, OTHER):
-            total = sum(iv.length(iv.clip(unions[code], lo, hi)) for lo, hi in spans)
-            exposed = total if code in (COMPUTE, OTHER) else sum(
-                iv.length(iv.clip(exposed_base[code], lo, hi)) for lo, hi in spans)
+            total = float(iv.covered(unions[code], lo, hi).sum())
+            exposed = total if code in (COMPUTE, OTHER) else float(iv.covered(exposed_base[code], lo, hi).sum())
             cats[CATEGORIES[code]] = {"total_us": total, "exposed_us": exposed}
-        busy = sum(iv.length(iv.clip(unions[MARKER], lo, hi)) for lo, hi in spans)
+        busy = float(iv.covered(unions[MARKER], lo, hi).sum())
         phases[phase] = {"windows": len(spans), "e2e_us": e2e, "idle_us": max(0.0, e2e - busy), "categories": cats}
     return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases}
 

@@ -237,10 +237,13 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
     comm_op: list = [None] * n
     comm_axis: list = [None] * n
     comm_group: list = [None] * n
-    for i in np.flatnonzero(np.isin(category, COMM_CODES)):
+    comm_idx = np.flatnonzero(np.isin(category, COMM_CODES))
+    need = [int(i) for i in comm_idx if name_classes[inverse[i]].needs_args]
+    decoded = dict(zip(need, trace.args_many(need)))  # one decode call for all of them
+    for i in comm_idx:
         nc = name_classes[inverse[i]]
         if nc.needs_args:
-            op, axis, size, group, gsize = _args_class(trace.args(int(i)), nc)
+            op, axis, size, group, gsize = _args_class(decoded[int(i)], nc)
             if op is None:
                 continue  # e.g. record_param_comms without a collective name: keep as other_comm
             category[i] = category_for(op, axis)

@@ -66,3 +66,23 @@ def clip(iv: Intervals, lo: float, hi: float) -> Intervals:
     s, e = np.maximum(iv[0], lo), np.minimum(iv[1], hi)
     keep = e > s
     return s[keep], e[keep]
+
+
+def covered(iv: Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Length of `iv` inside each window [lo[i], hi[i]], for many windows at once.
+
+    F(x), the covered length up to x, is a prefix sum plus one partial interval, found by binary
+    search; a window's share is F(hi) - F(lo). Cost: O((n + w) log n), not O(n * w).
+    """
+    s, e = iv
+    if len(s) == 0:
+        return np.zeros(len(lo))
+    cum = np.concatenate([[0.0], np.cumsum(e - s)])
+
+    def upto(x: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(s, x, side="right")  # intervals starting at or before x
+        j = np.maximum(k - 1, 0)
+        partial = np.clip(np.minimum(x, e[j]) - s[j], 0.0, None)
+        return np.where(k > 0, cum[j] + partial, 0.0)
+
+    return upto(np.asarray(hi, float)) - upto(np.asarray(lo, float))

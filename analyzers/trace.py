@@ -81,6 +81,17 @@ class Trace:
         dev = np.array([c in DEVICE_CATS for c in self.cats], dtype=bool)
         return dev[self.cat_id] if len(self.cats) else np.zeros(0, bool)
 
+    def args_many(self, idx: list[int]) -> list[dict]:
+        """Decode the args of many events in one msgspec call (a JSON array of their raw texts)."""
+        if not idx:
+            return []
+        raws = [bytes(self.lazy.args(i)) for i in idx]
+        try:
+            out = msgspec.json.decode(b"[" + b",".join(raws) + b"]")
+        except msgspec.DecodeError:
+            return [self.args(i) for i in idx]
+        return [x if isinstance(x, dict) else {} for x in out]
+
     def args(self, i: int) -> dict:
         raw = self.lazy.args(i)
         if bytes(raw) == b"null":
