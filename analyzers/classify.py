@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,7 @@ def bus_factor(op: str, n: int) -> float:
     return f(n) if f and n > 1 else 1.0
 
 
+@lru_cache(maxsize=4096)
 def normalize_op(text: str) -> str | None:
     t = text.strip().lower().rstrip("_")
     return _OP_ALIASES.get(t) or _OP_ALIASES.get(t + "_")
@@ -94,6 +96,7 @@ _KERNEL_OP_NAMES = {"allreduce": "allreduce", "allgather": "all_gather", "reduce
                     "recv": "send_recv", "alltoall": "all_to_all"}
 
 
+@lru_cache(maxsize=4096)
 def axis_for(op: str | None, group_text: str = "") -> str:
     g = group_text.lower()
     for axis, pat in (("tp", r"\btp\b|tensor"), ("cp", r"\bcp\b|context|ring"), ("ep", r"\bep\b|expert|moe"),
