@@ -15,7 +15,7 @@ from pathlib import Path
 from . import collectives as coll
 from .attribution import rank_breakdown
 from .classify import CATEGORIES, load_rules
-from .trace import TraceError, load_traces
+from .trace import TraceError, iter_traces
 
 SCHEMA = "commprobe.analysis/1"
 COMM_CATS = ("tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm")
@@ -48,16 +48,26 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         raise TraceError(f"threshold must be between 0 and 1, got {threshold}")
     manifest = _bundle_manifest(path) if path.exists() else None
     rules = load_rules(rules_file) if rules_file else []
-    traces = load_traces(path)
     from .classify import classify
 
-    ranks, calls, unknown = [], {}, {}
-    for t in traces:
+    ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
+    for t in iter_traces(path):  # one rank in memory at a time
         cls = classify(t, rules)
         ranks.append(rank_breakdown(t, cls))
         calls[t.rank] = coll.primary_calls(t, cls)
+        origins[t.rank] = t.origin_ns
+        files.append(t.path)
+        nbytes += t.uncompressed_bytes
         for name, n in cls.unknown_names.items():
             unknown[name] = unknown.get(name, 0) + n
+        del t, cls
+    ranks.sort(key=lambda r: r["rank"])
+    origin = min(origins.values())
+    for r, cs in calls.items():  # one clock for the run: the earliest rank's base
+        shift = (origins[r] - origin) / 1000.0
+        for c in cs:
+            c.start += shift
+            c.end += shift
     offsets = coll.align_offsets(calls) if align == "collective-end" else None
     matched = coll.match(calls, offsets)
     waits = matched.pop("_waits")
@@ -65,8 +75,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     phases = _phase_summary(ranks, threshold, matched, buckets)
     return {
         "schema": SCHEMA,
-        "source": {"path": str(path), "files": [t.path for t in traces], "bundle": manifest is not None,
-                   "uncompressed_bytes": sum(t.uncompressed_bytes for t in traces)},
+        "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None,
+                   "uncompressed_bytes": nbytes},
         "manifest": manifest,
         "threshold": threshold,
         "align": align,

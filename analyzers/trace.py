@@ -66,7 +66,7 @@ class Trace:
     cat_id: np.ndarray  # int32 into cats
     names: list[str]
     cats: list[str]
-    lazy: "_Lazy"  # raw args and thread ids, per event, on demand
+    lazy: "_Extra"  # raw args and thread ids of communication candidates
     origin_ns: int
     distributed: dict | None
     commprobe: dict | None
@@ -207,22 +207,39 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     name_id, names = _factorize(list(map(_get_name, ev)))
     cat_id, cats = _factorize(list(map(_get_cat, ev)))
     order = np.argsort(ts, kind="stable")  # Kineto does not promise order; analyzers rely on it
-    return Trace(str(path), rank, ts[order], dur[order], name_id[keep][order].astype(np.int32),
-                 cat_id[keep][order].astype(np.int32), list(names), list(cats),
-                 _Lazy(ev, keep[order]), top.baseTimeNanoseconds, dist, meta, len(data))
+    name_id = name_id[keep][order].astype(np.int32)
+    names_list = list(names)
+    # Only communication candidates ever need their args or thread id: keep those few, let the
+    # decoded events go (holding every event object would cost several times the trace's size).
+    cand = np.array([_may_need_args(n) for n in names_list], dtype=bool)
+    sorted_idx = np.flatnonzero(cand[name_id]) if len(names_list) else np.zeros(0, np.int64)
+    src = keep[order][sorted_idx]
+    extra = {int(i): (bytes(ev[j].args), _id_of(ev[j].tid)) for i, j in zip(sorted_idx, src)}
+    return Trace(str(path), rank, ts[order], dur[order], name_id, cat_id[keep][order].astype(np.int32),
+                 names_list, list(cats), _Extra(extra), top.baseTimeNanoseconds, dist, meta, len(data))
 
 
-class _Lazy:
-    """Fields few events need (raw `args`, thread id), looked up in the decoded events on demand."""
+_HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall", "broadcast", "barrier", "send",
+          "recv", "deep_ep", "mscclpp", "dda", "commprobe/comm", "record_param_comms", "c10d", "gloo:", "mpi:", "ucc:",
+          "lamport")
 
-    def __init__(self, events: list, index: np.ndarray):
-        self._events, self._index = events, index
 
-    def args(self, i: int):
-        return self._events[int(self._index[i])].args
+def _may_need_args(name: str) -> bool:
+    low = name.lower()
+    return any(h in low for h in _HINTS)
+
+
+class _Extra:
+    """Raw `args` and thread id of the events that may be communication; nothing for the rest."""
+
+    def __init__(self, table: dict[int, tuple[bytes, int]]):
+        self._t = table
+
+    def args(self, i: int) -> bytes:
+        return self._t.get(i, (b"null", 0))[0]
 
     def tid(self, i: int) -> int:
-        return _id_of(self._events[int(self._index[i])].tid)
+        return self._t.get(i, (b"null", 0))[1]
 
 
 _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")
@@ -240,24 +257,39 @@ def _trace_files(d: Path) -> list[Path]:
                   and p.name not in ("manifest.json", "timings.json") and not p.name.startswith("."))
 
 
-def load_traces(path: str | Path) -> list[Trace]:
-    """One file, or a directory of one run's rank traces (a commprobe bundle or any folder)."""
+def trace_files(path: str | Path) -> list[Path]:
+    """The trace files `path` names: itself, or the rank traces in a directory."""
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory")
     if path.is_file():
-        return [load_trace(path)]
+        return [path]
     files = _trace_files(path)
     if not files:
         raise TraceError(f"{path}: no traces (*.json or *.json.gz) in this directory")
-    traces = [load_trace(f) for f in files]
-    ranks = [t.rank for t in traces]
-    dup = sorted({r for r in ranks if ranks.count(r) > 1})
-    if dup:
-        raise TraceError(f"{path}: mixed traces: rank {dup[0]} appears in more than one file")
-    worlds = {t.distributed.get("world_size") for t in traces if isinstance(t.distributed, dict)} - {None}
-    if len(worlds) > 1:
-        raise TraceError(f"{path}: mixed traces: world sizes {sorted(worlds)} in one directory")
+    return files
+
+
+def iter_traces(path: str | Path):
+    """Load one rank at a time (memory holds one trace, not the run), checking the set as it goes."""
+    path = Path(path)
+    seen: dict[int, str] = {}
+    worlds: set = set()
+    for f in trace_files(path):
+        t = load_trace(f)
+        if t.rank in seen:
+            raise TraceError(f"{path}: mixed traces: rank {t.rank} appears in more than one file")
+        seen[t.rank] = t.path
+        if isinstance(t.distributed, dict) and t.distributed.get("world_size") is not None:
+            worlds.add(t.distributed["world_size"])
+            if len(worlds) > 1:
+                raise TraceError(f"{path}: mixed traces: world sizes {sorted(worlds)} in one directory")
+        yield t
+
+
+def load_traces(path: str | Path) -> list[Trace]:
+    """One file, or a directory of one run's rank traces, on one clock (the earliest base)."""
+    traces = list(iter_traces(path))
     origin = min(t.origin_ns for t in traces)
     for t in traces:  # one clock for the run: shift each rank by its base's distance from the earliest
         t.ts += (t.origin_ns - origin) / 1000.0

@@ -44,12 +44,13 @@ from analyzers.trace import load_traces
 t = time.perf_counter()
 r = analyze(sys.argv[1])
 dt = time.perf_counter() - t
+peak = hwm()  # analyze alone; the cross-check below loads every rank at once
 ov, steps = {{}}, {{}}
 for tr in load_traces(sys.argv[1]):
     cls = classify(tr)
     ov[tr.rank] = comm_comp_overlap(tr, cls)["overlap_pct"]
     steps[tr.rank] = {{k: round(comm_comp_overlap(tr, cls, w)["overlap_pct"], 2) for k, w in step_windows(tr).items()}}
-print(json.dumps({{"s": dt, "rss": hwm(), "bytes": r["source"]["uncompressed_bytes"], "overlap": ov, "steps": steps}}))
+print(json.dumps({{"s": dt, "rss": peak, "bytes": r["source"]["uncompressed_bytes"], "overlap": ov, "steps": steps}}))
 """
 
 HTA = HWM.replace("{", "{{").replace("}", "}}") + """
