@@ -194,12 +194,13 @@ def _bad(tmp_path, name, data: bytes):
     return p
 
 
-@pytest.mark.parametrize(argnames="name, data, needle", ids=["empty", "truncated", "text", "wrong-schema", "negative"], argvalues=[
+@pytest.mark.parametrize(argnames="name, data, needle", ids=["empty", "truncated", "text", "wrong-schema", "negative", "bad-event"], argvalues=[
     ("empty.json", b"", "empty file"),
     ("trunc.json.gz", gzip.compress(b'{"traceEvents": [' + b'{"ph": "X"},' * 1000)[:40], "truncated or corrupt gzip"),
     ("text.json", b"this is not json", "not JSON"),
     ("wrong.json", b'{"foo": 1}', "not a Kineto/Chrome trace"),
     ("neg.json", json.dumps({"traceEvents": [{"ph": "X", "name": "k", "ts": 5, "dur": -3}]}).encode(), "negative duration"),
+    ("badev.json", json.dumps({"traceEvents": [{"ph": "X", "name": "k", "ts": "soon", "dur": 1}]}).encode(), "not a Kineto/Chrome trace"),
 ])
 def test_bad_traces_are_one_line_and_exit_2(tmp_path, name, data, needle):
     p = _bad(tmp_path, name, data)
