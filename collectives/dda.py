@@ -367,14 +367,21 @@ def _sum_in_order(views: list[Tensor]) -> Tensor:
     return acc.to(views[0].dtype)
 
 
-def _pure_all_gather(c: DDAComm, y: Tensor, out: Tensor) -> None:
-    src, dst = y.view(-1).view(torch.uint8), out.view(-1).view(torch.uint8)
+def _published_chunks(c: DDAComm, src: Tensor):
+    """Publish `src` slot-sized chunk by chunk; yield (offset, length, step) once every rank has too."""
     n = src.numel()
     for off in range(0, n, c.slot_bytes):
         m = min(c.slot_bytes, n - off)
         k = _step(c)
         _slot(c, k, c.rank)[:m].copy_(src[off:off + m])
         c._barrier_setup()
+        yield off, m, k
+
+
+def _pure_all_gather(c: DDAComm, y: Tensor, out: Tensor) -> None:
+    src, dst = y.view(-1).view(torch.uint8), out.view(-1).view(torch.uint8)
+    n = src.numel()
+    for off, m, k in _published_chunks(c, src):
         for p in range(c.world_size):
             dst[p * n + off:p * n + off + m].copy_(_slot(c, k, p)[:m])
 
@@ -403,10 +410,5 @@ def _pure_all_to_all(c: DDAComm, y: Tensor, in_off, in_len, out: Tensor, out_off
 
 def _pure_send_recv(c: DDAComm, y: Tensor, out: Tensor, src_rank: int) -> None:
     src, dst = y.view(-1).view(torch.uint8), out.view(-1).view(torch.uint8)
-    n = src.numel()
-    for off in range(0, n, c.slot_bytes):
-        m = min(c.slot_bytes, n - off)
-        k = _step(c)
-        _slot(c, k, c.rank)[:m].copy_(src[off:off + m])
-        c._barrier_setup()
+    for off, m, k in _published_chunks(c, src):
         dst[off:off + m].copy_(_slot(c, k, src_rank)[:m])

@@ -288,8 +288,9 @@ int dda_allreduce_twoshot(dda_ctx *c, const char *in, char *out, uint64_t n, int
     return 0;
 }
 
-/* All-gather of `nbytes` from every rank into out (rank order). */
-int dda_all_gather(dda_ctx *c, const char *in, char *out, uint64_t nbytes) {
+/* Publish `in` step by step and read it back from the peers: every peer (all-gather, into
+ * out + p * nbytes) or only `src` (ring exchange, into out). */
+static int exchange(dda_ctx *c, const char *in, char *out, uint64_t nbytes, int src) {
     uint64_t per = c->slot_bytes;
     for (uint64_t off = 0; off < nbytes; off += per) {
         uint64_t m = nbytes - off < per ? nbytes - off : per;
@@ -298,13 +299,17 @@ int dda_all_gather(dda_ctx *c, const char *in, char *out, uint64_t nbytes) {
         memcpy(slot(c, k, c->rank), in + off, m);
         post(&c->hdr[c->rank].ready, (uint32_t)k);
         for (int i = 0; i < c->world; i++) {
-            int p = (c->rank + i) % c->world;
+            int p = src >= 0 ? src : (c->rank + i) % c->world;
             if (p != c->rank && wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);
-            memcpy(out + (uint64_t)p * nbytes + off, slot(c, k, p), m);
+            memcpy(src >= 0 ? out + off : out + (uint64_t)p * nbytes + off, slot(c, k, p), m);
+            if (src >= 0) break;
         }
     }
     return 0;
 }
+
+/* All-gather of `nbytes` from every rank into out (rank order). */
+int dda_all_gather(dda_ctx *c, const char *in, char *out, uint64_t nbytes) { return exchange(c, in, out, nbytes, -1); }
 
 /* All-to-all with byte splits. A rank's own rows go straight from input to output; each slot is
  * cut into world - 1 sub-slots of `cap` bytes, one per other rank (destination d uses sub-slot
@@ -348,20 +353,10 @@ int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uin
 }
 
 /* Ring exchange: every rank of the group calls it at once with the same byte count; send `in`
- * to `dst`, receive from `src`. */
+ * to `dst`, receive from `src`. dst's readiness is covered by begin_step's wait on every peer. */
 int dda_send_recv(dda_ctx *c, const char *in, char *out, uint64_t nbytes, int dst, int src) {
-    uint64_t per = c->slot_bytes;
-    (void)dst; /* readiness of dst is covered by begin_step's wait on every peer */
-    for (uint64_t off = 0; off < nbytes; off += per) {
-        uint64_t m = nbytes - off < per ? nbytes - off : per;
-        int64_t k = begin_step(c);
-        if (k < 0) return (int)k;
-        memcpy(slot(c, k, c->rank), in + off, m);
-        post(&c->hdr[c->rank].ready, (uint32_t)k);
-        if (src != c->rank && wait_ge(c, &c->hdr[src].ready, k)) return -(src + 1);
-        memcpy(out + off, slot(c, k, src), m);
-    }
-    return 0;
+    (void)dst;
+    return exchange(c, in, out, nbytes, src);
 }
 
 /* A step with no data: every rank arrives before any leaves. */
