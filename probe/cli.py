@@ -54,9 +54,9 @@ def profile(
     from pathlib import Path
 
     from collectives.backends import BACKENDS, process_group_backend
-    from probe.launch import LaunchError, run_this_rank, under_torchrun
-    from probe.profile import run_profile
-    from probe.run import RunConfig, run_rank
+    from probe.launch import LaunchError, under_torchrun
+    from probe.profile import run_profile, run_profile_torchrun
+    from probe.run import RunConfig
     from reference_impl.config import get_preset
     from reference_impl.tp import check_tp
 
@@ -88,14 +88,18 @@ def profile(
     out = Path(out_dir or f"runs/profile-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} exists and is not a directory")
-    if out.is_dir() and (out / "manifest.json").exists():
+    first = not under_torchrun() or int(os.environ.get("RANK", 0)) == 0  # other ranks would see rank 0's
+    if first and out.is_dir() and (out / "manifest.json").exists():
         fail(f"--out {out} already holds a bundle; choose another directory")
     cfg = RunConfig(preset=preset, tp=tp, batch=batch, prompt_len=prompt_len, decode_steps=steps, repeats=repeats,
                     seed=seed, checkpoint=checkpoint, backends=backends, timeout=timeout, out_dir=str(out))
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep Kineto's start/stop chatter off the terminal
 
     if under_torchrun():
-        results = [run_this_rank(run_rank, (cfg,), backend=pg_backend, timeout=timeout)]
+        results = run_profile_torchrun(cfg, mcfg.to_dict(), pg_backend=pg_backend,
+                                       telemetry_interval=telemetry_interval)
+        if int(os.environ.get("RANK", 0)) != 0:
+            return  # rank 0 prints the run's table
     else:
         cores = os.cpu_count() or 1
         if cfg.world_size > cores and not oversubscribe:

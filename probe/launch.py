@@ -56,12 +56,21 @@ def _init_rank(backend: str, timeout: float, init_method: str, rank: int, world:
                             timeout=timedelta(seconds=timeout))
 
 
-def run_this_rank(fn: Callable[..., Any], args: tuple = (), *, backend: str | None = None, timeout: float = 300) -> Any:
-    """Under torchrun: initialise from the environment and run `fn` for this process's rank."""
+def run_this_rank(fn: Callable[..., Any], args: tuple = (), *, backend: str | None = None, timeout: float = 300,
+                  gather: bool = False) -> Any:
+    """Under torchrun: initialise from the environment and run `fn` for this process's rank.
+
+    With `gather`, every rank gets the list of all ranks' results (rank order).
+    """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _init_rank(backend or default_backend(), timeout, "env://", rank, world)
     try:
-        return fn(*args)
+        result = fn(*args)
+        if not gather:
+            return result
+        everyone: list = [None] * world
+        dist.all_gather_object(everyone, result)
+        return everyone
     finally:
         dist.destroy_process_group()
 

@@ -41,13 +41,12 @@ def _timings_doc(results: list[RankResult], backend: str) -> dict:
     return doc
 
 
-def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_interval: float = 0.05,
-                on_status: Callable[[str], None] = lambda s: None) -> ProfileOutcome:
+def _start_manifests(cfg: RunConfig, model_cfg: dict) -> dict[Path, dict]:
     root = Path(cfg.out_dir)
     root.mkdir(parents=True, exist_ok=True)
-    dirs = {b: cfg.bundle_dir(b) for b in cfg.backends}
     manifests = {}
-    for b, d in dirs.items():
+    for b in cfg.backends:
+        d = cfg.bundle_dir(b)
         d.mkdir(parents=True, exist_ok=True)
         m = bundle.manifest(cfg, model_cfg, b, cfg.world_size)
         if d != root:
@@ -59,7 +58,30 @@ def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_i
         manifests[root] = top
     for d, m in manifests.items():
         bundle.write_json(d / "manifest.json", m)
+    return manifests
 
+
+def _finish_manifests(manifests: dict[Path, dict], status: str, error: str | None,
+                      sampler: TelemetrySampler | None) -> None:
+    for d, m in manifests.items():
+        m.update(status=status, error=error, finished_at=bundle.now_iso(),
+                 traces=[t for t in m["traces"] if (d / t).exists()])
+        if sampler is not None:
+            m.update(telemetry_samples=sampler.samples, telemetry_errors=sampler.errors,
+                     telemetry_sources=[s.name for s in sampler.sources])
+        bundle.write_json(d / "manifest.json", m)
+
+
+def _write_timings(cfg: RunConfig, results: list[RankResult]) -> None:
+    for b in cfg.backends:
+        bundle.write_json(cfg.bundle_dir(b) / "timings.json", _timings_doc(results, b))
+
+
+def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_interval: float = 0.05,
+                on_status: Callable[[str], None] = lambda s: None) -> ProfileOutcome:
+    """One host: spawn the ranks, sample this host, write the whole bundle."""
+    root = Path(cfg.out_dir)
+    manifests = _start_manifests(cfg, model_cfg)
     pids: dict[int, int] = {}
     status, error = "failed", None
     sampler = TelemetrySampler(root / "telemetry.jsonl", telemetry_interval, pids=lambda: dict(pids))
@@ -76,12 +98,42 @@ def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_i
         status, error = "interrupted", "interrupted by the user (Ctrl-C)"
         raise
     finally:
-        for d, m in manifests.items():
-            m.update(status=status, error=error, finished_at=bundle.now_iso(),
-                     traces=[t for t in m["traces"] if (d / t).exists()],
-                     telemetry_samples=sampler.samples, telemetry_errors=sampler.errors,
-                     telemetry_sources=[s.name for s in sampler.sources])
-            bundle.write_json(d / "manifest.json", m)
-    for b, d in dirs.items():
-        bundle.write_json(d / "timings.json", _timings_doc(results, b))
-    return ProfileOutcome(results, dirs, sampler.status_line)
+        _finish_manifests(manifests, status, error, sampler)
+    _write_timings(cfg, results)
+    return ProfileOutcome(results, {b: cfg.bundle_dir(b) for b in cfg.backends}, sampler.status_line)
+
+
+def run_profile_torchrun(cfg: RunConfig, model_cfg: dict, *, pg_backend: str,
+                         telemetry_interval: float = 0.05) -> list[RankResult]:
+    """Under torchrun (many hosts): this process is one rank. Each host's local rank 0 samples its
+    host into telemetry-HOST.jsonl; global rank 0 writes the manifests and timings of the run."""
+    import os
+    import socket
+
+    from .launch import run_this_rank
+    from .telemetry import rank_pids_from_env
+
+    rank, local = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    root = Path(cfg.out_dir)
+    name = f"telemetry-{socket.gethostname()}.jsonl"
+    manifests = _start_manifests(cfg, model_cfg) if rank == 0 else {}
+    for d, m in manifests.items():  # one telemetry file per host
+        m["telemetry"] = name if d == root else f"../{name}"
+    sampler = TelemetrySampler(root / name, telemetry_interval, pids=rank_pids_from_env) if local == 0 else None
+    status, error = "failed", None
+    try:
+        if sampler is not None:
+            sampler.__enter__()
+        results = run_this_rank(run_rank, (cfg,), backend=pg_backend, timeout=cfg.timeout, gather=True)
+        status = "ok"
+    except BaseException as e:
+        error = f"rank {rank}: {type(e).__name__}: {e}"
+        raise
+    finally:
+        if sampler is not None:
+            sampler.__exit__(None, None, None)
+        if manifests:
+            _finish_manifests(manifests, status, error, sampler)
+    if rank == 0:
+        _write_timings(cfg, results)
+    return results
