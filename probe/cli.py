@@ -161,6 +161,31 @@ def analyze(
 
 
 @app.command()
+def report(
+    path: str = typer.Argument(..., help="A run bundle, trace(s), or an analysis JSON file."),
+    output: str = typer.Option("report.html", "-o", "--output", help="Where to write the HTML report."),
+) -> None:
+    """One self-contained HTML report (plotly.js embedded) of an analysis, plus the terminal summary."""
+    from pathlib import Path
+
+    from analyzers.analysis import load_result
+    from analyzers.trace import TraceError
+    from reports.html import render_html
+    from reports.terminal import render_analysis
+
+    try:
+        result = load_result(path)
+    except TraceError as e:
+        fail(str(e))
+    try:
+        Path(output).write_text(render_html(result), encoding="utf-8")
+    except OSError as e:
+        fail(f"cannot write {output}: {e.strerror or e}", code=1)
+    render_analysis(result, console)
+    console.print(f"report: {output}", highlight=False, markup=False)
+
+
+@app.command()
 def compare(
     a: str = typer.Argument(..., help="Baseline: bundle, trace(s) or analysis JSON."),
     b: str = typer.Argument(..., help="Candidate: bundle, trace(s) or analysis JSON."),
