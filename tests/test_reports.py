@@ -45,3 +45,28 @@ def test_report_cli_writes_the_file(tmp_path):
     assert out.stat().st_size > 1_000_000  # plotly.js is inside
     r = run_cli("report", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_report_draws_in_headless_chromium(tmp_path):
+    """The charts really draw (plotly's SVG is in the live DOM) and no script error is logged."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        pytest.skip("Chromium not installed (Debian package 'chromium'); the report is checked without a browser")
+    for r in (0, 1):
+        _trace(tmp_path / f"rank{r}.json.gz", r)
+    page = tmp_path / "report.html"
+    page.write_text(render_html(analyze(tmp_path)), encoding="utf-8")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+             "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
+    r = subprocess.run([browser, *flags], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1000:]
+    dom = r.stdout
+    assert dom.count('class="main-svg"') >= 2 * 2  # plotly draws two SVG layers per chart
+    assert "Uncaught" not in r.stderr and "alert(1)" not in dom.replace("&lt;script&gt;alert(1)&lt;/script&gt;", "")
