@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +129,7 @@ def main() -> None:
         if args.generate_mb > 0:
             gen = tmp / "generated-8-ranks"
             generate(gen, 8, args.generate_mb / 8)
-            cases.append((f"generated 8 ranks", gen))
+            cases.append(("generated 8 ranks", gen))
         for label, d in cases:
             ours, hta = run(OURS, d), run(HTA, d)
             mb = ours.get("bytes", 0) / 1e6

@@ -1,6 +1,5 @@
 """DDA on CPU shared memory equals gloo; races, chunking, all-to-all, cleanup. Both code paths."""
 
-import os
 
 import pytest
 import torch
