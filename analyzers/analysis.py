@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import collectives as coll
 from .attribution import rank_breakdown
-from .classify import CATEGORIES, load_rules
+from .classify import CATEGORIES, classify, load_rules
 from .trace import TraceError, iter_traces
 
 SCHEMA = "commprobe.analysis/1"
@@ -48,8 +48,6 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         raise TraceError(f"threshold must be between 0 and 1, got {threshold}")
     manifest = _bundle_manifest(path) if path.exists() else None
     rules = load_rules(rules_file) if rules_file else []
-    from .classify import classify
-
     ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
     for t in iter_traces(path):  # one rank in memory at a time
         cls = classify(t, rules)

@@ -39,11 +39,10 @@ def timeline(trace: Trace) -> Timeline:
     return Timeline(False, ~dev)
 
 
-def windows(trace: Trace, device: bool) -> dict[str, list[tuple[float, float]]]:
-    """phase -> [(start, end)] in absolute µs."""
+def windows(trace: Trace, tl: Timeline) -> dict[str, list[tuple[float, float]]]:
+    """phase -> [(start, end)] in µs on the trace's clock."""
     dev = trace.is_device()
-    names = np.array(trace.names, dtype=object)
-    ev_names = names[trace.name_id] if len(trace.names) else np.array([], dtype=object)
+    sides = (True, False) if tl.device else (False,)
 
     def collect(pattern: re.Pattern, on_device: bool, phase_of) -> dict:
         out: dict[str, list] = {}
@@ -52,22 +51,18 @@ def windows(trace: Trace, device: bool) -> dict[str, list[tuple[float, float]]]:
             return out
         sel = np.isin(trace.name_id, ids) & (dev if on_device else ~dev)
         for i in np.flatnonzero(sel):
-            out.setdefault(phase_of(ev_names[i]), []).append((float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])))
+            name = trace.names[trace.name_id[i]]
+            out.setdefault(phase_of(name), []).append((float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])))
         return out
 
-    phase_of = lambda n: _PHASE.match(n).group(1)  # noqa: E731
-    for on_device in ((True, False) if device else (False,)):
-        w = collect(_PHASE, on_device, phase_of)
-        if w:
-            return w
-    for on_device in ((True, False) if device else (False,)):
-        w = collect(_STEP, on_device, lambda n: "step")
-        if w:
-            return w
-    tl = timeline(trace).mask
-    if not tl.any():
+    for pattern, phase_of in ((_PHASE, lambda n: _PHASE.match(n).group(1)), (_STEP, lambda n: "step")):
+        for on_device in sides:
+            w = collect(pattern, on_device, phase_of)
+            if w:
+                return w
+    if not tl.mask.any():
         return {}
-    return {"trace": [(float(trace.ts[tl].min()), float((trace.ts + trace.dur)[tl].max()))]}
+    return {"trace": [(float(trace.ts[tl.mask].min()), float((trace.ts + trace.dur)[tl.mask].max()))]}
 
 
 def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv.Intervals]:
@@ -88,7 +83,7 @@ def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv
 
 def rank_breakdown(trace: Trace, cls: Classified) -> dict:
     tl = timeline(trace)
-    wins = windows(trace, tl.device)
+    wins = windows(trace, tl)
     unions = category_unions(trace, cls, tl)
     compute = unions[COMPUTE]
     exposed_base = {c: iv.subtract(unions[c], compute) if tl.device else unions[c] for c in (*COMM_CODES, MEMCPY)}

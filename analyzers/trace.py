@@ -72,14 +72,18 @@ class Trace:
     commprobe: dict | None
     uncompressed_bytes: int
     extra: dict = field(default_factory=dict)
+    _device: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def end(self) -> np.ndarray:
         return self.ts + self.dur
 
     def is_device(self) -> np.ndarray:
-        dev = np.array([c in DEVICE_CATS for c in self.cats], dtype=bool)
-        return dev[self.cat_id] if len(self.cats) else np.zeros(0, bool)
+        """Events on a device timeline (kernels, copies); computed once, every analyzer asks."""
+        if self._device is None:
+            dev = np.array([c in DEVICE_CATS for c in self.cats], dtype=bool)
+            self._device = dev[self.cat_id] if len(self.cats) else np.zeros(0, bool)
+        return self._device
 
     def args_many(self, idx: list[int]) -> list[dict]:
         """Decode the args of many events in one msgspec call (a JSON array of their raw texts)."""
