@@ -107,11 +107,14 @@ def axis_for(op: str | None, group_text: str = "") -> str:
 
 
 def category_for(op: str | None, axis: str | None) -> int:
+    """TP allreduces; everything on the CP axis is ring attention (ring send/recv, pass-Q's
+    all-to-all return, CP decode's all-gather of partials); EP dispatch/combine all-to-alls
+    and the MoE's all-gather that re-replicates tokens are EP traffic."""
     if op == "allreduce" and axis == "tp":
         return TP_ALLREDUCE
-    if axis == "cp" and op in ("send_recv", "all_gather"):
+    if axis == "cp" and op in ("send_recv", "all_gather", "all_to_all"):
         return CP_RING
-    if axis == "ep" and op == "all_to_all":
+    if axis == "ep" and op in ("all_to_all", "all_gather"):
         return EP_ALL_TO_ALL
     return OTHER_COMM
 
@@ -164,6 +167,8 @@ def classify_name(name: str, cat: str, rules: list[Rule] = ()) -> NameClass:
         axis, op = m.group(1), normalize_op(m.group(2)) or m.group(2)
         c = category_for(op, axis)
         return NameClass(c, op, axis, float(m.group(3)))
+    if name.startswith("commprobe/"):  # our other spans (ring steps) hold compute and comm: markers
+        return NameClass(MARKER)
     is_device = cat in DEVICE_CATS
     if cat in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset"):
         return NameClass(MEMCPY)

@@ -37,7 +37,39 @@ class Comm(Protocol):
     def send_recv(self, x: Tensor, dst: int, src: int) -> Tensor:
         """Send `x` to group rank `dst` while receiving a tensor of the same shape from `src`."""
 
+    def send_recv_start(self, x: Tensor, dst: int, src: int) -> "Pending":
+        """Start `send_recv`; compute may run before `.wait()` returns the received tensor (ring overlap)."""
+
     def barrier(self) -> None: ...
+
+
+@runtime_checkable
+class Pending(Protocol):
+    def wait(self) -> Tensor: ...
+
+
+class Ready:
+    """A `Pending` that already holds its result (backends whose transfers are synchronous)."""
+
+    def __init__(self, out: Tensor):
+        self.out = out
+
+    def wait(self) -> Tensor:
+        return self.out
+
+
+class _TorchPending:
+    """In-flight isend/irecv pair; the profiler span covers the wait, i.e. the exposed part."""
+
+    def __init__(self, comm: "TorchComm", x: Tensor, out: Tensor, reqs: list):
+        self.comm, self.x, self.out, self.reqs = comm, x, out, reqs  # x kept alive until sent
+
+    def wait(self) -> Tensor:
+        with self.comm._span("send_recv", self.x):
+            for req in self.reqs:
+                req.wait()
+        self.x = None
+        return self.out
 
 
 class TorchComm:
@@ -78,17 +110,18 @@ class TorchComm:
         return out
 
     def send_recv(self, x: Tensor, dst: int, src: int) -> Tensor:
+        return self.send_recv_start(x, dst, src).wait()
+
+    def send_recv_start(self, x: Tensor, dst: int, src: int) -> Pending:
         if self.world_size == 1:
-            return x
-        with self._span("send_recv", x):
-            out = torch.empty_like(x)
-            ops = [
-                dist.P2POp(dist.isend, x.contiguous(), self.ranks[dst], self.group),
-                dist.P2POp(dist.irecv, out, self.ranks[src], self.group),
-            ]
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-        return out
+            return Ready(x)
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        ops = [
+            dist.P2POp(dist.isend, x, self.ranks[dst], self.group),
+            dist.P2POp(dist.irecv, out, self.ranks[src], self.group),
+        ]
+        return _TorchPending(self, x, out, dist.batch_isend_irecv(ops))
 
     def barrier(self) -> None:
         if self.world_size > 1:

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .comm import Ready
 from .spans import comm_span
 
 _SRC = Path(__file__).with_name("dda_cpu.c")
@@ -303,6 +304,10 @@ class DDAComm:
             else:
                 _pure_send_recv(self, y, out, src)
         return out
+
+    def send_recv_start(self, x: Tensor, dst: int, src: int) -> Ready:
+        """DDA moves bytes with this rank's own CPU, so the transfer happens here, synchronously."""
+        return Ready(self.send_recv(x, dst, src))
 
     def barrier(self) -> None:
         if self.world_size == 1:

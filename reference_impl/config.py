@@ -24,6 +24,12 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     max_seq_len: int = 8192
+    # Mixture of experts (Llama 4 style): 0 experts = dense MLP. Every block's MLP becomes a
+    # router choosing top_k routed experts plus one shared expert, each a SwiGLU of width
+    # moe_intermediate_size.
+    n_experts: int = 0
+    top_k: int = 1
+    moe_intermediate_size: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -33,7 +39,10 @@ class ModelConfig:
         """Parameters, embeddings and output head included (untied)."""
         hd = self.head_dim
         attn = self.dim * (self.n_heads * hd) * 2 + self.dim * (self.n_kv_heads * hd) * 2
-        mlp = 3 * self.dim * self.intermediate_size
+        if self.n_experts:
+            mlp = 3 * self.dim * self.moe_intermediate_size * (self.n_experts + 1) + self.dim * self.n_experts
+        else:
+            mlp = 3 * self.dim * self.intermediate_size
         per_layer = attn + mlp + 2 * self.dim
         return self.n_layers * per_layer + 2 * self.vocab_size * self.dim + self.dim
 
@@ -44,6 +53,9 @@ class ModelConfig:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.n_experts and not (1 <= self.top_k <= self.n_experts and self.moe_intermediate_size > 0):
+            raise ValueError(f"MoE needs 1 <= top_k <= n_experts and moe_intermediate_size > 0 (got top_k {self.top_k}, "
+                             f"{self.n_experts} experts, width {self.moe_intermediate_size})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,6 +72,17 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(
         name="small", vocab_size=32000, dim=1024, n_layers=8, n_heads=16, n_kv_heads=8,
         intermediate_size=2816, rope_theta=10000.0, max_seq_len=2048,
+    ),
+    # Mixture-of-experts shapes for tests (moe-tiny) and `commprobe profile --ep` (moe-small).
+    "moe-tiny": ModelConfig(
+        name="moe-tiny", vocab_size=256, dim=64, n_layers=2, n_heads=8, n_kv_heads=4,
+        intermediate_size=128, rope_theta=10000.0, max_seq_len=256,
+        n_experts=4, top_k=1, moe_intermediate_size=64,
+    ),
+    "moe-small": ModelConfig(
+        name="moe-small", vocab_size=32000, dim=1024, n_layers=4, n_heads=16, n_kv_heads=8,
+        intermediate_size=2816, rope_theta=10000.0, max_seq_len=2048,
+        n_experts=8, top_k=1, moe_intermediate_size=1408,
     ),
     # Published shapes (Llama 3 / 3.1 model cards).
     "llama3-8b": ModelConfig(

@@ -3,10 +3,17 @@
 RMSNorm, rotary embeddings (Hugging Face's rotate-half layout, so HF checkpoints load
 unpermuted), grouped-query attention with a preallocated KV cache, SwiGLU MLP.
 
-The model knows nothing about parallelism. Each block has a `reduce` hook that is the
-identity on one process; a parallel plan (`reference_impl.tp`) shards the weights and
-points the hook at a `Comm` allreduce. Prefill and decode are separate entry points
-because they are profiled separately: prefill is compute-bound, decode bandwidth-bound.
+The model knows nothing about parallelism. It offers three hooks that are trivial on one
+process and that the parallel plans rebind (torchtitan keeps plans apart from the model
+the same way):
+- each block's `reduce` (identity; `reference_impl.tp` points it at a TP allreduce);
+- each attention's `core` (local causal attention over the KV cache; `reference_impl.cp`
+  swaps in ring attention);
+- the MoE layer's `dispatch` (local experts; `reference_impl.ep` swaps in all-to-all).
+Tokens carry explicit positions rather than a start offset, because context parallelism
+gives each rank non-contiguous, load-balanced chunks of the sequence. Prefill and decode
+are separate entry points because they are profiled separately: prefill is compute-bound,
+decode bandwidth-bound.
 """
 
 from __future__ import annotations
@@ -54,18 +61,54 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + _rotate_half(x) * sin
 
 
+NO_POS = 1 << 62  # position of an empty or padding cache slot: no query (causal mask) ever sees it
+
+
 class KVCache(nn.Module):
-    def __init__(self, batch: int, n_kv_heads: int, max_seq: int, head_dim: int, dtype: torch.dtype):
+    """Preallocated K/V slots filled in order; `pos` holds each slot's token position.
+
+    On one process slot i holds position i. Under context parallelism a rank's slots hold
+    its own, non-contiguous positions, so the causal mask is built from `pos`, not slot order.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype):
         super().__init__()
-        shape = (batch, n_kv_heads, max_seq, head_dim)
+        shape = (batch, n_kv_heads, slots, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("pos", torch.full((slots,), NO_POS, dtype=torch.long), persistent=False)
+        self.used = 0
 
-    def update(self, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        end = start + k.shape[2]
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def write(self, slot: int, k: Tensor, v: Tensor, pos: Tensor | None = None) -> None:
+        end = slot + k.shape[2]
+        if end > self.k.shape[2]:
+            raise ValueError(f"KV cache full: {end} slots needed, {self.k.shape[2]} allocated (call setup_cache with a larger max_seq)")
+        self.k[:, :, slot:end] = k
+        self.v[:, :, slot:end] = v
+        if pos is not None:
+            self.pos[slot:end] = pos
+        self.used = max(self.used, end)
+
+    def append(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Store k/v for positions `pos`; return every filled slot's (k, v, pos)."""
+        self.write(self.used, k, v, pos)
+        return self.k[:, :, :self.used], self.v[:, :, :self.used], self.pos[:self.used]
+
+
+def repeat_kv(x: Tensor, rep: int) -> Tensor:
+    """Grouped-query attention: each KV head serves `rep` query heads."""
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
+
+
+def local_attention(attn: "Attention", q: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> Tensor:
+    """The default attention core: append to this process's KV cache, causal attention over it."""
+    if attn.kv_cache is not None:
+        k, v, k_pos = attn.kv_cache.append(k, v, pos)
+    else:
+        k_pos = pos
+    rep = attn.n_heads // attn.n_kv_heads
+    mask = k_pos.unsqueeze(0) <= pos.unsqueeze(1)  # query at position p sees keys at positions <= p
+    return F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), attn_mask=mask)
 
 
 class Attention(nn.Module):
@@ -78,22 +121,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.kv_cache: KVCache | None = None
         self.reduce: Reduce = _identity
+        self.core: Callable[..., Tensor] = local_attention
 
-    def forward(self, x: Tensor, start: int, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_cache is not None:
-            k, v = self.kv_cache.update(start, k, v)
-        rep = self.n_heads // self.n_kv_heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        # Causal mask with an offset: query at position start+i sees keys 0..start+i.
-        q_pos = torch.arange(start, start + s).unsqueeze(1)
-        mask = torch.arange(k.shape[2]).unsqueeze(0) <= q_pos
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = self.core(self, q, k, v, pos)
         y = y.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
         return self.reduce(self.wo(y))
 
@@ -114,12 +150,17 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(cfg)
+        if cfg.n_experts:
+            from .moe import MoE
+
+            self.feed_forward: nn.Module = MoE(cfg)
+        else:
+            self.feed_forward = FeedForward(cfg)
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def forward(self, x: Tensor, start: int, cos: Tensor, sin: Tensor) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), start, cos, sin)
+    def forward(self, x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), pos, cos, sin)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -134,27 +175,37 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self._rope: tuple[Tensor, Tensor] | None = None
 
-    def setup_cache(self, batch: int, max_seq: int | None = None) -> None:
-        """(Re)allocate the KV caches; call again to start a new sequence."""
+    def setup_cache(self, batch: int, max_seq: int | None = None, slots: int | None = None) -> None:
+        """(Re)allocate the KV caches; call again to start a new sequence.
+
+        `max_seq` bounds positions (the rotary table); `slots` the tokens this process keeps
+        (fewer than `max_seq` when context parallelism shards the cache).
+        """
         max_seq = max_seq or self.cfg.max_seq_len
         dtype = self.output.weight.dtype
         for layer in self.layers:
             a = layer.attention
-            a.kv_cache = KVCache(batch, a.n_kv_heads, max_seq, a.head_dim, dtype)
+            a.kv_cache = KVCache(batch, a.n_kv_heads, slots or max_seq, a.head_dim, dtype)
         self._rope = rope_cache(self.cfg, max_seq, dtype)
 
-    def forward(self, tokens: Tensor, start: int) -> Tensor:
+    def hidden(self, tokens: Tensor, pos: Tensor | int) -> Tensor:
+        """Final-norm hidden states for `tokens` at positions `pos` (a start offset or one per token)."""
         assert self._rope is not None, "call setup_cache() first"
-        s = tokens.shape[1]
-        cos, sin = self._rope[0][start:start + s], self._rope[1][start:start + s]
+        if isinstance(pos, int):
+            pos = torch.arange(pos, pos + tokens.shape[1])
+        rp = pos.clamp(0, self._rope[0].shape[0] - 1)  # padding tokens carry out-of-range positions
+        cos, sin = self._rope[0][rp], self._rope[1][rp]
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
-            x = layer(x, start, cos, sin)
-        return self.output(self.norm(x))
+            x = layer(x, pos, cos, sin)
+        return self.norm(x)
 
-    def prefill(self, tokens: Tensor) -> Tensor:
-        """Whole prompt at once; returns logits for every prompt position."""
-        return self(tokens, 0)
+    def forward(self, tokens: Tensor, pos: Tensor | int) -> Tensor:
+        return self.output(self.hidden(tokens, pos))
+
+    def prefill(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """Whole prompt at once (after `start` tokens already cached: multi-turn); logits for every prompt position."""
+        return self(tokens, start)
 
     def decode_step(self, token: Tensor, pos: int) -> Tensor:
         """One token per sequence at position `pos`; returns logits [B, 1, V]."""

@@ -15,6 +15,7 @@ from collectives.comm import Comm
 
 from .config import ModelConfig
 from .model import Transformer
+from .moe import MoE
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
@@ -27,6 +28,8 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
         raise ValueError(f"--tp {tp} does not divide the {cfg.n_kv_heads} KV heads of preset {cfg.name!r}")
     if cfg.intermediate_size % tp:
         raise ValueError(f"--tp {tp} does not divide the MLP width {cfg.intermediate_size} of preset {cfg.name!r}")
+    if cfg.n_experts and cfg.moe_intermediate_size % tp:
+        raise ValueError(f"--tp {tp} does not divide the expert width {cfg.moe_intermediate_size} of preset {cfg.name!r}")
 
 
 def _shard(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
@@ -49,13 +52,27 @@ def apply_tp(model: Transformer, comm: Comm) -> Transformer:
         return model
     for block in model.layers:
         attn, mlp = block.attention, block.feed_forward
-        for lin in (attn.wq, attn.wk, attn.wv, mlp.w1, mlp.w3):
+        for lin in (attn.wq, attn.wk, attn.wv):
             _shard(lin, 0, r, n)
-        for lin in (attn.wo, mlp.w2):
-            _shard(lin, 1, r, n)
+        _shard(attn.wo, 1, r, n)
+        if isinstance(mlp, MoE):
+            # Each expert (and the shared one) is split like the dense MLP; the router stays
+            # replicated, so every TP rank routes identically and one allreduce sums the MoE output.
+            _shard_experts(mlp, r, n)
+            mlp = mlp.shared
+        for lin in (mlp.w1, mlp.w3):
+            _shard(lin, 0, r, n)
+        _shard(mlp.w2, 1, r, n)
         attn.n_heads //= n
         attn.n_kv_heads //= n
     return bind_tp_comm(model, comm)
+
+
+def _shard_experts(moe: MoE, rank: int, world: int) -> None:
+    for name, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
+        w = getattr(moe, name).data
+        size = w.shape[dim] // world
+        setattr(moe, name, nn.Parameter(w.narrow(dim, rank * size, size).clone(), requires_grad=False))
 
 
 def bind_tp_comm(model: Transformer, comm: Comm) -> Transformer:

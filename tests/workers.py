@@ -172,3 +172,32 @@ def delayed_allreduce_traces(out_dir: str, delay_s: float, calls: int) -> None:
                             time.sleep(delay_s)
                         dist.all_reduce(x)
         prof.export_chrome_trace(str(d / f"rank{rank}.trace.json"))
+
+
+# ---- CP / EP / N-D meshes ----
+
+def mesh_generate(mesh_kw: dict, runs: list[dict], prompt: torch.Tensor, steps: int, backend: str = "gloo") -> list[dict]:
+    """For each run {cfg, variant, turn2}: shard over the mesh, prefill + greedy decode, then
+    (turn2) a second prefill on a warm cache. Returns logits, tokens and the variant used."""
+    from collectives.mesh import Mesh, build_comms
+    from reference_impl.parallel import parallelize
+
+    mesh = Mesh(**mesh_kw)
+    comms = build_comms(mesh, backend)
+    out = []
+    with torch.inference_mode():
+        for run in runs:
+            model = parallelize(build_model(run["cfg"], seed=0), comms, run.get("variant", "auto"))
+            logits, toks = greedy_generate(model, prompt, steps)
+            res = {"logits": logits.clone(), "toks": toks.clone(), "variant": getattr(model, "last_variant", None)}
+            turn2 = run.get("turn2")
+            if turn2 is not None:
+                model.setup_cache(prompt.shape[0], prompt.shape[1] + turn2.shape[1])
+                model.prefill(prompt)
+                res["turn2"] = model.prefill(turn2, start=prompt.shape[1]).clone()
+                res["turn2_variant"] = getattr(model, "last_variant", None)
+            out.append(res)
+    for c in comms.values():
+        if hasattr(c, "close"):
+            c.close()
+    return out
