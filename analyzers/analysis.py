@@ -159,7 +159,8 @@ def _recommend(phase, shares, idle, device, threshold, matched, buckets) -> list
                     f"send/recv with attention on the current one, or switch pass-KV/pass-Q")
     for r in matched.get("ranks", []):
         comm = r["transfer_us"] + r["wait_us"]
-        if comm > 0 and r["wait_us"] > r["transfer_us"] and matched.get("straggler") is not None:
+        if (comm > 0 and r["wait_us"] > r["transfer_us"] and matched.get("straggler") is not None
+                and r["rank"] != matched["straggler"]):
             s = matched["straggler"]
             recs.append(f"rank {r['rank']} spends {r['wait_us'] / comm:.0%} of its communication time waiting for rank "
                         f"{s} (the straggler): fix rank {s}'s imbalance before tuning collectives")

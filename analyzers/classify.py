@@ -71,18 +71,18 @@ class NameClass:
 # Kernels and ops that move data between ranks. (pattern, op or None when the name says it)
 _KERNEL_RULES: list[tuple[re.Pattern, str | None]] = [
     (re.compile(r"nccl(?:Dev)?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll)",
-                re.I), None),
-    (re.compile(r"rccl|nccl(?:Dev)?Kernel_Generic|ncclDevKernel|ncclKernel", re.I), "args"),
+                re.IGNORECASE), None),
+    (re.compile(r"rccl|nccl(?:Dev)?Kernel_Generic|ncclDevKernel|ncclKernel", re.IGNORECASE), "args"),
     (re.compile(r"cross_device_reduce_(?:1|2)stage"), "allreduce"),  # vLLM custom allreduce
     (re.compile(r"(?:one|two)_shot_all_reduce|multimem_(?:one_shot_)?all_reduce|symm_mem.*all_reduce"), "allreduce"),
     (re.compile(r"multimem_all_gather|symm_mem.*all_gather"), "all_gather"),
     (re.compile(r"(?:one|two)ShotAllReduce|allReduce(?:One|Two)Shot|customAllReduce|allreduce_fusion_kernel|"
-                r"lamport.*all_?reduce", re.I), "allreduce"),  # TensorRT-LLM
+                r"lamport.*all_?reduce", re.IGNORECASE), "allreduce"),  # TensorRT-LLM
     (re.compile(r"deep_ep::.*(?:dispatch|combine)|deep_ep.*(?:dispatch|combine)"), "all_to_all"),  # DeepEP
-    (re.compile(r"mscclpp.*all_?reduce|allreduce.*mscclpp", re.I), "allreduce"),
-    (re.compile(r"mscclpp.*all_?gather", re.I), "all_gather"),
-    (re.compile(r"mscclpp", re.I), "other"),
-    (re.compile(r"dda_(?:one|two)shot|commprobe_dda", re.I), "allreduce"),  # our GPU DDA kernels
+    (re.compile(r"mscclpp.*all_?reduce|allreduce.*mscclpp", re.IGNORECASE), "allreduce"),
+    (re.compile(r"mscclpp.*all_?gather", re.IGNORECASE), "all_gather"),
+    (re.compile(r"mscclpp", re.IGNORECASE), "other"),
+    (re.compile(r"dda_(?:one|two)shot|commprobe_dda", re.IGNORECASE), "allreduce"),  # our GPU DDA kernels
 ]
 # Every kernel rule above needs one of these substrings (lowercased): a C-speed prefilter that spares
 # the regexes the long C++ template names of ordinary compute kernels.
@@ -262,9 +262,38 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
             if m and m.group(5):
                 group_size[i] = int(m.group(5))
                 comm_group[i] = f"{m.group(1)}"
+    _inherit_own_spans(trace, category, comm_idx, comm_op, comm_axis, comm_bytes)
     unknown: dict[str, int] = {}
     for i, c in enumerate(name_classes):
         if c.category == OTHER:
             nid, _ = divmod(int(uniq[i]), max(1, len(cat_names)))
             unknown[trace.names[nid]] = int(np.count_nonzero(inverse == i))
     return Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown)
+
+
+def _inherit_own_spans(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
+                       comm_bytes: np.ndarray) -> None:
+    """A library's communication op that starts inside one of our own spans (`c10d::_allgather_base_`,
+    `gloo:all_gather` on gloo's worker thread) is that span's work: it takes the span's category,
+    axis and op, which the library's own event cannot tell (a CP all-gather would otherwise be
+    `other_comm`)."""
+    if not comm_idx.size:
+        return
+    own_ids = [i for i, nm in enumerate(trace.names) if nm.startswith("commprobe/comm/")]
+    if not own_ids:
+        return
+    ids = trace.name_id[comm_idx]
+    is_own = np.isin(ids, own_ids)
+    own, lib = comm_idx[is_own], comm_idx[~is_own]
+    if not own.size or not lib.size:
+        return
+    order = np.argsort(trace.ts[own], kind="stable")
+    own = own[order]
+    starts, ends = trace.ts[own], trace.ts[own] + trace.dur[own]
+    j = np.searchsorted(starts, trace.ts[lib], side="right") - 1
+    inside = (j >= 0) & (trace.ts[lib] <= ends[np.maximum(j, 0)])
+    for i, k in zip(lib[inside], own[j[inside]]):
+        category[i] = category[k]
+        comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
+        if np.isnan(comm_bytes[i]):
+            comm_bytes[i] = comm_bytes[k]

@@ -20,7 +20,6 @@ import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Union
 
 import msgspec
 import numpy as np
@@ -43,7 +42,7 @@ class _Event(msgspec.Struct, gc=False):
     cat: str = ""
     ts: float = 0.0
     dur: float = 0.0
-    tid: Union[int, str] = 0
+    tid: int | str = 0
     args: msgspec.Raw = msgspec.Raw(b"null")
 
 
@@ -66,7 +65,7 @@ class Trace:
     cat_id: np.ndarray  # int32 into cats
     names: list[str]
     cats: list[str]
-    lazy: "_Extra"  # raw args and thread ids of communication candidates
+    lazy: _Extra  # raw args and thread ids of communication candidates
     origin_ns: int
     distributed: dict | None
     commprobe: dict | None

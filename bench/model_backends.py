@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from probe.launch import launch  # noqa: E402
-from probe.run import RunConfig, run_rank  # noqa: E402
+from probe.launch import launch
+from probe.run import RunConfig, run_rank
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .spans import comm_span
 
+
 @runtime_checkable
 class Comm(Protocol):
     axis: str
@@ -37,7 +38,7 @@ class Comm(Protocol):
     def send_recv(self, x: Tensor, dst: int, src: int) -> Tensor:
         """Send `x` to group rank `dst` while receiving a tensor of the same shape from `src`."""
 
-    def send_recv_start(self, x: Tensor, dst: int, src: int) -> "Pending":
+    def send_recv_start(self, x: Tensor, dst: int, src: int) -> Pending:
         """Start `send_recv`; compute may run before `.wait()` returns the received tensor (ring overlap)."""
 
     def barrier(self) -> None: ...
@@ -61,7 +62,7 @@ class Ready:
 class _TorchPending:
     """In-flight isend/irecv pair; the profiler span covers the wait, i.e. the exposed part."""
 
-    def __init__(self, comm: "TorchComm", x: Tensor, out: Tensor, reqs: list):
+    def __init__(self, comm: TorchComm, x: Tensor, out: Tensor, reqs: list):
         self.comm, self.x, self.out, self.reqs = comm, x, out, reqs  # x kept alive until sent
 
     def wait(self) -> Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import hashlib
+import math
 import mmap
 import os
 import shutil
@@ -276,7 +277,7 @@ class DDAComm:
         if self.world_size == 1:
             return x
         y = x.contiguous()
-        row = y[0].numel() * y.element_size() if y.dim() > 1 else y.element_size()
+        row = math.prod(y.shape[1:]) * y.element_size()  # y may have no rows (a rank with no tokens)
         out = y.new_empty((sum(out_splits), *y.shape[1:]))
         in_len = [s * row for s in in_splits]
         out_len = [s * row for s in out_splits]

@@ -6,8 +6,8 @@ so the sweep removes the ones that appeared during its run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from collectives.dda import shm_dir
 from collectives.sweep import SweepConfig, sweep_rank

@@ -69,10 +69,11 @@ def _nvidia_driver() -> str | None:
         return None
 
 
-def world_layout(tp: int) -> list[dict]:
-    """rank -> its index and group on each axis (CP and EP are 1 until they exist in the model)."""
-    return [{"rank": r, "tp_rank": r, "tp_group": list(range(tp)), "cp_rank": 0, "cp_group": [r],
-             "ep_rank": 0, "ep_group": [r]} for r in range(tp)]
+def world_layout(cfg) -> list[dict]:
+    """rank -> its index and group on each axis (TP innermost; see collectives.mesh)."""
+    return [{"rank": row["rank"], "tp_rank": row["tp"], "tp_group": row["tp_group"], "cp_rank": row["cp"],
+             "cp_group": row["cp_group"], "ep_rank": row["ep"], "ep_group": row["ep_group"]}
+            for row in cfg.mesh.layout()]
 
 
 def manifest(cfg, model_cfg: dict, backend: str | list[str], world: int) -> dict:
@@ -88,7 +89,8 @@ def manifest(cfg, model_cfg: dict, backend: str | list[str], world: int) -> dict
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "device": device_facts(),
-        "world": {"size": world, "tp": cfg.tp, "cp": 1, "ep": 1, "layout": world_layout(cfg.tp)},
+        "world": {"size": world, "tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "layout": world_layout(cfg),
+                  "cp_variant": cfg.cp_variant if cfg.cp > 1 else None},
         "model": model_cfg,
         "backend": backend,
         "run": {"batch": cfg.batch, "prompt_len": cfg.prompt_len, "decode_steps": cfg.decode_steps,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn, Optional
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -37,27 +37,33 @@ def fail(msg: str, code: int = 2) -> NoReturn:
 def profile(
     preset: str = typer.Option("small", help="Model preset: tiny, small, llama3-8b, ..."),
     tp: int = typer.Option(2, help="Tensor-parallel degree (ranks)."),
+    cp: int = typer.Option(1, help="Context-parallel degree: the prompt sharded over a ring (ranks)."),
+    ep: int = typer.Option(1, help="Expert-parallel degree (needs an MoE preset: moe-tiny, moe-small)."),
+    cp_variant: str = typer.Option("auto", help="Ring attention: auto, pass-kv, pass-q."),
     steps: int = typer.Option(32, "--steps", "--decode-steps", help="Decode steps per repetition."),
     prompt_len: int = typer.Option(128, help="Prompt length (tokens) for prefill."),
     batch: int = typer.Option(1, help="Sequences per batch."),
     repeats: int = typer.Option(3, help="Un-profiled repetitions of prefill + decode (after one warm-up)."),
     seed: int = typer.Option(0, help="Seed of the random weights and prompt."),
-    checkpoint: Optional[str] = typer.Option(None, help="HF-format directory (config.json + safetensors)."),
+    checkpoint: str | None = typer.Option(None, help="HF-format directory (config.json + safetensors)."),
     backend: str = typer.Option("auto", help="Collective backend(s), comma-separated: auto, gloo, nccl, rccl, dda."),
-    out_dir: Optional[str] = typer.Option(None, "--out", help="Bundle directory (default runs/profile-TIMESTAMP)."),
+    out_dir: str | None = typer.Option(None, "--out", help="Bundle directory (default runs/profile-TIMESTAMP)."),
     telemetry_interval: float = typer.Option(0.05, help="Seconds between telemetry samples."),
     timeout: float = typer.Option(300.0, help="Seconds before a rank that has not finished is called hung."),
     oversubscribe: bool = typer.Option(False, help="Allow more ranks than CPU cores."),
 ) -> None:
-    """Profile prefill + decode on TP ranks; write a run bundle; print TTFT, TTIT and tokens/s per rank."""
+    """Profile prefill + decode on TP x CP x EP ranks; write a run bundle; print TTFT, TTIT and tokens/s per rank."""
     import time
     from pathlib import Path
 
     from collectives.backends import BACKENDS, process_group_backend
+    from collectives.mesh import Mesh
     from probe.launch import LaunchError, under_torchrun
     from probe.profile import run_profile, run_profile_torchrun
     from probe.run import RunConfig
     from reference_impl.config import get_preset
+    from reference_impl.cp import check_cp
+    from reference_impl.ep import check_ep
     from reference_impl.tp import check_tp
 
     for name, v in (("--steps", steps), ("--prompt-len", prompt_len), ("--batch", batch), ("--repeats", repeats)):
@@ -73,6 +79,9 @@ def profile(
         else:
             mcfg = get_preset(preset)
         check_tp(mcfg, tp)
+        check_cp(cp, cp_variant)
+        check_ep(mcfg, ep)
+        mesh = Mesh(tp=tp, cp=cp, ep=ep)
     except ValueError as e:
         fail(str(e))
     if prompt_len + steps > mcfg.max_seq_len:
@@ -91,7 +100,7 @@ def profile(
     first = not under_torchrun() or int(os.environ.get("RANK", 0)) == 0  # other ranks would see rank 0's
     if first and out.is_dir() and (out / "manifest.json").exists():
         fail(f"--out {out} already holds a bundle; choose another directory")
-    cfg = RunConfig(preset=preset, tp=tp, batch=batch, prompt_len=prompt_len, decode_steps=steps, repeats=repeats,
+    cfg = RunConfig(preset=preset, tp=tp, cp=cp, ep=ep, cp_variant=cp_variant, batch=batch, prompt_len=prompt_len, decode_steps=steps, repeats=repeats,
                     seed=seed, checkpoint=checkpoint, backends=backends, timeout=timeout, out_dir=str(out))
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep Kineto's start/stop chatter off the terminal
 
@@ -104,8 +113,9 @@ def profile(
         cores = os.cpu_count() or 1
         if cfg.world_size > cores and not oversubscribe:
             fail(f"world size {cfg.world_size} exceeds the {cores} CPU cores here; pass --oversubscribe to run anyway")
-        console.print(f"[bold]commprobe profile[/]: preset {mcfg.name}, TP={tp}, backend {','.join(backends)}, "
+        console.print(f"[bold]commprobe profile[/]: preset {mcfg.name}, backend {','.join(backends)}, "
                       f"batch {batch}, prompt {prompt_len}, {steps} decode steps x {repeats} repeats", highlight=False)
+        console.print(mesh.describe(), highlight=False, markup=False)
         try:
             outcome = run_profile(cfg, mcfg.to_dict(), pg_backend=pg_backend, telemetry_interval=telemetry_interval,
                                   on_status=lambda line: console.print(line, highlight=False, markup=False))
@@ -115,14 +125,18 @@ def profile(
             fail(f"cannot write the bundle in {out}: {e.strerror or e}", code=1)
         results = outcome.results
 
+    axes = [a for a in ("tp", "cp", "ep") if getattr(mesh, a) > 1]
     for b in backends:
-        table = Table(title=f"Latency per rank, backend {b} (un-profiled)")
-        for col in ("rank", "TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s", "decode allreduce %", "weights MB"):
+        table = Table(title=f"Latency per rank and phase, backend {b} (un-profiled; comm % = blocked in that axis's collectives)")
+        cols = ["rank", "TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s"]
+        cols += [f"prefill {a} %" for a in axes] + [f"decode {a} %" for a in axes] + ["weights MB"]
+        for col in cols:
             table.add_column(col, justify="right")
         for res in results:
             r = res.timings[b]
             table.add_row(str(r.rank), f"{r.ttft_median_ms:.1f}", f"{r.ttit_median_ms:.2f}", f"{r.ttit_p90_ms:.2f}",
-                          f"{r.tokens_per_s:.1f}", f"{100 * r.decode_allreduce_share:.1f}",
+                          f"{r.tokens_per_s:.1f}", *[f"{100 * r.comm_share('prefill', a):.1f}" for a in axes],
+                          *[f"{100 * r.comm_share('decode', a):.1f}" for a in axes],
                           f"{res.local_param_bytes / 1e6:.0f}")
         console.print(table)
     console.print(f"bundle: {out}", highlight=False, markup=False)
@@ -132,10 +146,10 @@ def profile(
 def analyze(
     path: str = typer.Argument(..., help="A run bundle, a trace file, or a directory of rank traces."),
     json_out: bool = typer.Option(False, "--json", help="Print the versioned JSON result."),
-    rules: Optional[str] = typer.Option(None, help="Classification rules file (TOML or JSON)."),
+    rules: str | None = typer.Option(None, help="Classification rules file (TOML or JSON)."),
     threshold: float = typer.Option(0.2, help="Exposed-communication share above which a phase is communication-bound."),
     align: str = typer.Option("base", help="Clock alignment: base (baseTimeNanoseconds) or collective-end."),
-    out_file: Optional[str] = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    out_file: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
     import json
@@ -234,7 +248,14 @@ def bench_collectives(
 
     from rich.progress import Progress
 
-    from collectives.sweep import BENCH_BACKENDS, DTYPES, OPS, SweepConfig, human_size, parse_size
+    from collectives.sweep import (
+        BENCH_BACKENDS,
+        DTYPES,
+        OPS,
+        SweepConfig,
+        human_size,
+        parse_size,
+    )
     from probe.bench import run_sweep
     from probe.launch import LaunchError
 

@@ -19,15 +19,15 @@ import sys
 import tempfile
 import time
 import traceback
-from itertools import count
+from collections.abc import Callable
 from datetime import timedelta
+from itertools import count
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 
 _launches = count()
 

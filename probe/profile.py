@@ -8,9 +8,9 @@ cause) or "interrupted"; traces the ranks finished stay on disk.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import bundle
 from .launch import LaunchError, launch
@@ -30,7 +30,8 @@ def _timings_doc(results: list[RankResult], backend: str) -> dict:
     for r in results:
         t, p = r.timings[backend], r.profiled.get(backend)
         row = {**t.summary(), "samples": {"ttft_s": t.ttft_s, "ttit_s": t.ttit_s,
-                                          "decode_allreduce_s": t.decode_allreduce_s}}
+                                          "decode_allreduce_s": t.decode_allreduce_s,
+                                          "prefill_comm_s": t.prefill_comm_s, "decode_comm_s": t.decode_comm_s}}
         if p is not None and p.ttit_s:
             row["profiled"] = {**p.summary(), "samples": {"ttft_s": p.ttft_s, "ttit_s": p.ttit_s}}
         ranks.append(row)

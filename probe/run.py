@@ -29,6 +29,9 @@ from .launch import report_progress
 class RunConfig:
     preset: str = "small"
     tp: int = 2
+    cp: int = 1
+    ep: int = 1
+    cp_variant: str = "auto"
     batch: int = 1
     prompt_len: int = 128
     decode_steps: int = 32
@@ -41,8 +44,14 @@ class RunConfig:
     profile: bool = True
 
     @property
+    def mesh(self):
+        from collectives.mesh import Mesh
+
+        return Mesh(tp=self.tp, cp=self.cp, ep=self.ep)
+
+    @property
     def world_size(self) -> int:
-        return self.tp
+        return self.tp * self.cp * self.ep
 
     def bundle_dir(self, backend: str) -> Path:
         root = Path(self.out_dir or ".")
@@ -53,10 +62,11 @@ class RunConfig:
 
 
 class TimedComm:
-    """Wraps a Comm and adds up the wall time spent inside its allreduces.
+    """Wraps one axis's Comm and adds up the wall time spent inside its collectives.
 
-    On CPU a collective blocks the calling thread, so this is the exposed allreduce time
-    (transfer and waiting for the slowest rank together); two perf_counter reads a call.
+    On CPU a collective blocks the calling thread, so this is the exposed communication time
+    (transfer and waiting for the slowest rank together); for an async ring step only the
+    wait counts, i.e. what compute did not hide. Two perf_counter reads a call.
     """
 
     def __init__(self, inner):
@@ -67,12 +77,34 @@ class TimedComm:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+    def _timed(self, fn, *args):
         t = time.perf_counter()
-        out = self.inner.all_reduce(x)
+        out = fn(*args)
         self.seconds += time.perf_counter() - t
         self.calls += 1
         return out
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self._timed(self.inner.all_reduce, x)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        return self._timed(self.inner.all_gather, x)
+
+    def all_to_all(self, x: torch.Tensor, in_splits: list[int], out_splits: list[int]) -> torch.Tensor:
+        return self._timed(self.inner.all_to_all, x, in_splits, out_splits)
+
+    def send_recv(self, x: torch.Tensor, dst: int, src: int) -> torch.Tensor:
+        return self._timed(self.inner.send_recv, x, dst, src)
+
+    def send_recv_start(self, x: torch.Tensor, dst: int, src: int):
+        pending = self._timed(self.inner.send_recv_start, x, dst, src)
+        timed = self
+
+        class _Wait:
+            def wait(self):
+                return timed._timed(pending.wait)
+
+        return _Wait()
 
 
 @dataclass
@@ -84,8 +116,17 @@ class RankTimings:
     batch: int
     ttft_s: list[float] = field(default_factory=list)
     ttit_s: list[float] = field(default_factory=list)
-    prefill_allreduce_s: list[float] = field(default_factory=list)
-    decode_allreduce_s: list[float] = field(default_factory=list)
+    # Blocked communication time per phase sample, per axis (tp, cp, ep).
+    prefill_comm_s: dict[str, list[float]] = field(default_factory=dict)
+    decode_comm_s: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def prefill_allreduce_s(self) -> list[float]:
+        return self.prefill_comm_s.get("tp", [0.0] * len(self.ttft_s))
+
+    @property
+    def decode_allreduce_s(self) -> list[float]:
+        return self.decode_comm_s.get("tp", [0.0] * len(self.ttit_s))
 
     @property
     def ttft_median_ms(self) -> float:
@@ -108,10 +149,19 @@ class RankTimings:
         """Share of decode wall time spent blocked in TP allreduces."""
         return sum(self.decode_allreduce_s) / sum(self.ttit_s)
 
+    def comm_share(self, phase: str, axis: str) -> float:
+        """Share of a phase's wall time (prefill or decode) blocked in one axis's communication."""
+        comm = (self.prefill_comm_s if phase == "prefill" else self.decode_comm_s).get(axis, [])
+        total = sum(self.ttft_s if phase == "prefill" else self.ttit_s)
+        return sum(comm) / total if total else 0.0
+
     def summary(self) -> dict:
+        axes = sorted(set(self.prefill_comm_s) | set(self.decode_comm_s))
         return {"rank": self.rank, "ttft_median_ms": self.ttft_median_ms, "ttit_median_ms": self.ttit_median_ms,
                 "ttit_p90_ms": self.ttit_p90_ms, "tokens_per_s": self.tokens_per_s,
-                "decode_allreduce_share": self.decode_allreduce_share}
+                "decode_allreduce_share": self.decode_allreduce_share,
+                "prefill_comm_share": {a: self.comm_share("prefill", a) for a in axes},
+                "decode_comm_share": {a: self.comm_share("decode", a) for a in axes}}
 
 
 @dataclass
@@ -167,28 +217,40 @@ class _Phase:
             self.rf.__exit__(*exc)
 
 
-def _generate_once(model, comm: TimedComm, prompt: torch.Tensor, cfg: RunConfig, into: RankTimings | None):
+def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg: RunConfig,
+                   into: RankTimings | None):
+    import torch.distributed as dist
+
+    def reset() -> None:
+        for c in comms.values():
+            c.seconds = 0.0
+
+    def taken() -> dict[str, float]:
+        return {a: c.seconds for a, c in comms.items()}
+
     model.setup_cache(cfg.batch, cfg.prompt_len + cfg.decode_steps)
-    comm.barrier()
-    comm.seconds = 0.0
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    reset()
     t0 = time.perf_counter()
     with _Phase("commprobe/prefill"):
         tok = model.prefill(prompt)[:, -1].argmax(-1)
-    ttft, pre = time.perf_counter() - t0, comm.seconds
-    seq, steps, ars = [tok], [], []
+    ttft, pre = time.perf_counter() - t0, taken()
+    seq, steps, per_step = [tok], [], []
     for i in range(cfg.decode_steps):
-        comm.seconds = 0.0
+        reset()
         ts = time.perf_counter()
         with _Phase(f"commprobe/decode[{i}]"):
             tok = model.decode_step(tok, cfg.prompt_len + i)[:, -1].argmax(-1)
         steps.append(time.perf_counter() - ts)
-        ars.append(comm.seconds)
+        per_step.append(taken())
         seq.append(tok)
     if into is not None:
         into.ttft_s.append(ttft)
-        into.prefill_allreduce_s.append(pre)
         into.ttit_s.extend(steps)
-        into.decode_allreduce_s.extend(ars)
+        for a in comms:
+            into.prefill_comm_s.setdefault(a, []).append(pre[a])
+            into.decode_comm_s.setdefault(a, []).extend(s[a] for s in per_step)
     return torch.stack(seq, 1).tolist()
 
 
@@ -221,17 +283,18 @@ def run_rank(cfg: RunConfig) -> RankResult:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from collectives.backends import make_comm
-    from reference_impl.tp import apply_tp, bind_tp_comm, local_param_bytes
+    from collectives.mesh import build_comms
+    from reference_impl.parallel import bind_comms, parallelize
+    from reference_impl.tp import local_param_bytes
 
     fault = os.environ.get("COMMPROBE_TEST_FAULT", "")  # test-only: "raise:R", "hang:R", "die:R", "trace:R"
     rank = dist.get_rank()
     report_progress("building model")
-    comms = {}
+    comms: dict[str, dict[str, TimedComm]] = {}
     for b in cfg.backends:
         opts = {"timeout": cfg.timeout} if b == "dda" else {}
-        comms[b] = TimedComm(make_comm(b, "tp", **opts))
-    model = apply_tp(load_model(cfg), comms[cfg.backends[0]])
+        comms[b] = {a: TimedComm(c) for a, c in build_comms(cfg.mesh, b, **opts).items()}
+    model = parallelize(load_model(cfg), comms[cfg.backends[0]], cfg.cp_variant)
     prompt = make_prompt(model.cfg.vocab_size, cfg.batch, cfg.prompt_len, cfg.seed)
     timings = {b: RankTimings(rank, b, cfg.batch) for b in cfg.backends}
     profiled = {b: RankTimings(rank, b, cfg.batch) for b in cfg.backends}
@@ -240,7 +303,7 @@ def run_rank(cfg: RunConfig) -> RankResult:
     with torch.inference_mode():
         for rep in range(cfg.repeats + 1):  # repetition 0 is the warm-up
             for b in cfg.backends:
-                bind_tp_comm(model, comms[b])
+                bind_comms(model, comms[b])
                 _inject(fault, rank, "hang", "raise", "die")
                 report_progress(f"repeat {rep} {b}")
                 tokens = _generate_once(model, comms[b], prompt, cfg, timings[b] if rep else None)
@@ -249,7 +312,7 @@ def run_rank(cfg: RunConfig) -> RankResult:
             if torch.cuda.is_available():
                 activities.append(ProfilerActivity.CUDA)
             for b in cfg.backends:
-                bind_tp_comm(model, comms[b])
+                bind_comms(model, comms[b])
                 report_progress(f"profiling {b}")
                 d = cfg.bundle_dir(b)
                 d.mkdir(parents=True, exist_ok=True)
@@ -264,7 +327,8 @@ def run_rank(cfg: RunConfig) -> RankResult:
                 # so the schedule ends there and on_trace_ready sees exactly that repetition.
                 prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
                                on_trace_ready=on_ready)
-                meta = json.dumps({"rank": rank, "backend": b, "tp": cfg.tp, "preset": model.cfg.name})
+                meta = json.dumps({"rank": rank, "backend": b, "tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep,
+                                   "preset": model.cfg.name})
                 with prof:
                     for step in range(2):
                         if step == 1:  # metadata is accepted only while recording
@@ -272,10 +336,12 @@ def run_rank(cfg: RunConfig) -> RankResult:
                         _generate_once(model, comms[b], prompt, cfg, profiled[b] if step else None)
                         prof.step()
                 traces[b] = str(path)
-    for c in comms.values():
-        if hasattr(c.inner, "close"):
-            c.inner.close()
-    return RankResult(rank, timings, profiled, tokens, local_param_bytes(model), traces)
+    for per_axis in comms.values():
+        for c in per_axis.values():
+            if hasattr(c.inner, "close"):
+                c.inner.close()
+    weights = local_param_bytes(getattr(model, "model", model))
+    return RankResult(rank, timings, profiled, tokens, weights, traces)
 
 
 def _inject(fault: str, rank: int, *kinds: str) -> None:

@@ -15,8 +15,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 
 class HostSource:
@@ -174,7 +174,7 @@ class TelemetrySampler:
         names = ", ".join(s.name for s in self.sources)
         return f"telemetry: {names}" + (f" (no {'; '.join(self.degraded)})" if self.degraded else "")
 
-    def __enter__(self) -> "TelemetrySampler":
+    def __enter__(self) -> TelemetrySampler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", buffering=1)
         self._thread.start()

@@ -3,4 +3,4 @@
 from .config import PRESETS, ModelConfig, get_preset
 from .model import Transformer, build_model, greedy_generate
 
-__all__ = ["PRESETS", "ModelConfig", "get_preset", "Transformer", "build_model", "greedy_generate"]
+__all__ = ["PRESETS", "ModelConfig", "Transformer", "build_model", "get_preset", "greedy_generate"]

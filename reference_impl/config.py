@@ -60,7 +60,7 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def with_(self, **kw) -> "ModelConfig":
+    def with_(self, **kw) -> ModelConfig:
         return replace(self, **kw)
 
 

@@ -18,7 +18,7 @@ decode bandwidth-bound.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +100,7 @@ def repeat_kv(x: Tensor, rep: int) -> Tensor:
     return x if rep == 1 else x.repeat_interleave(rep, dim=1)
 
 
-def local_attention(attn: "Attention", q: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> Tensor:
+def local_attention(attn: Attention, q: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> Tensor:
     """The default attention core: append to this process's KV cache, causal attention over it."""
     if attn.kv_cache is not None:
         k, v, k_pos = attn.kv_cache.append(k, v, pos)

@@ -11,7 +11,7 @@ experts this process holds; `reference_impl.ep` swaps in all-to-all dispatch and
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .model import FeedForward, _identity
 
 
-def local_dispatch(moe: "MoE", t: Tensor) -> Tensor:
+def local_dispatch(moe: MoE, t: Tensor) -> Tensor:
     """All experts on this process: route, run, weight, add the shared expert, reduce (TP)."""
     idx, w = moe.route(t)
     k = idx.shape[1]
@@ -43,7 +43,7 @@ class MoE(nn.Module):
         self.shared = FeedForward(cfg.with_(intermediate_size=i))
         self.first_expert = 0  # this process holds experts first_expert .. first_expert + w1.shape[0] - 1
         self.reduce: Callable[[Tensor], Tensor] = _identity
-        self.dispatch: Callable[["MoE", Tensor], Tensor] = local_dispatch
+        self.dispatch: Callable[[MoE, Tensor], Tensor] = local_dispatch
 
     def route(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """Top-k expert ids [T, k] and their gates [T, k] for tokens t [T, dim]."""

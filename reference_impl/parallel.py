@@ -23,3 +23,23 @@ def parallelize(model: Transformer, comms: dict[str, Comm], cp_variant: str = "a
     if "cp" in comms:
         return ContextParallel(model, comms["cp"], cp_variant)
     return model
+
+
+def bind_comms(runner, comms: dict[str, Comm]):
+    """Point an already sharded runner at other Comms of the same layout (switching backends
+    between interleaved repetitions needs no re-sharding)."""
+    from .ep import EPDispatch
+    from .moe import MoE
+    from .tp import bind_tp_comm
+
+    model = runner.model if isinstance(runner, ContextParallel) else runner
+    if "tp" in comms:
+        bind_tp_comm(model, comms["tp"])
+    if "ep" in comms:
+        dispatch = EPDispatch(comms["ep"])
+        for block in model.layers:
+            if isinstance(block.feed_forward, MoE):
+                block.feed_forward.dispatch = dispatch
+    if "cp" in comms:
+        runner.comm = comms["cp"]
+    return runner

@@ -115,8 +115,9 @@ def test_cp_and_ep_over_dda_match_single_process():
     per_rank = launch(mesh_generate, 2, ({"cp": 2}, runs, prompt, STEPS, "dda"), backend="gloo", timeout=240)
     _check(per_rank, runs, prompt, "CP=2 dda")
     runs = [{"cfg": MOE2}]
-    per_rank = launch(mesh_generate, 2, ({"ep": 2}, runs, prompt, STEPS, "dda"), backend="gloo", timeout=240)
-    _check(per_rank, runs, prompt, "EP=2 dda")
+    one = _prompt(13, batch=1)  # decode with one token: one EP rank dispatches no rows at all
+    per_rank = launch(mesh_generate, 2, ({"ep": 2}, runs, one, STEPS, "dda"), backend="gloo", timeout=240)
+    _check(per_rank, runs, one, "EP=2 dda")
 
 
 def test_mesh_layout_is_explicit():

@@ -61,7 +61,7 @@ def test_shared_memory_gone_after_exit_and_after_a_kill():
 
 
 def test_fallback_says_why(monkeypatch, capfd):
-    import collectives.dda as dda
+    from collectives import dda
 
     monkeypatch.setattr(dda, "_LIB", None)
     monkeypatch.setattr(dda, "_LIB_REASON", "")

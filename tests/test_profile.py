@@ -163,3 +163,31 @@ def test_torchrun_runs_the_same_entry_point_and_writes_the_bundle(tmp_path):
         assert m["status"] == "ok" and m["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
         assert len(json.loads((out / b / "timings.json").read_text())["ranks"]) == 2
     assert list(out.glob("telemetry-*.jsonl"))
+
+
+@pytest.mark.parametrize("axis,preset,span", [("cp", "tiny", "commprobe/comm/cp/"), ("ep", "moe-tiny", "commprobe/comm/ep/all_to_all/")])
+def test_profile_cp_and_ep_runs_print_phases_and_attribute_the_axis(tmp_path, axis, preset, span):
+    """`commprobe profile --cp 2` and `--ep 2 --preset moe-…`: the mesh is printed, per-phase latency
+    and the axis's blocked share are shown, traces carry the axis's spans and the analyzer sees them."""
+    out = tmp_path / "run"
+    args = [a if a != "tiny" else preset for a in FAST]
+    r = run_cli("profile", *args, "--tp", "1", f"--{axis}", "2", "--backend", "gloo", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"world 2 = {axis.upper()}2" in r.stdout and f"decode {axis} %" in r.stdout and "TTFT ms" in r.stdout
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["world"][axis] == 2 and [row[f"{axis}_rank"] for row in m["world"]["layout"]] == [0, 1]
+    names = [e.get("name", "") for e in _trace(out / "rank0.trace.json.gz")["traceEvents"]]
+    assert any(n.startswith(span) for n in names)
+    a = run_cli("analyze", str(out), "--json")
+    assert a.returncode == 0, a.stderr
+    res = json.loads(a.stdout)
+    cat = {"cp": "cp_ring", "ep": "ep_all_to_all"}[axis]
+    decode = res["ranks"][0]["phases"]["decode"]
+    assert decode["categories"][cat]["total_us"] > 0
+
+
+def test_profile_rejects_bad_layouts(tmp_path):
+    r = run_cli("profile", "--preset", "tiny", "--ep", "2", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "needs a mixture-of-experts preset" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("profile", "--preset", "tiny", "--cp", "2", "--cp-variant", "pass-x", "--out", str(tmp_path / "y"))
+    assert r.returncode == 2 and "unknown --cp-variant" in r.stderr

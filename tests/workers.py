@@ -114,7 +114,7 @@ def dda_then_die(die_rank: int) -> None:
 
     import torch.distributed as dist
 
-    from collectives.dda import DDAComm, SHM_PREFIX, shm_dir
+    from collectives.dda import SHM_PREFIX, DDAComm, shm_dir
 
     dda = DDAComm("tp", timeout=30)
     for i in range(5):
