@@ -40,6 +40,16 @@ def _bundle_manifest(path: Path) -> dict | None:
     return doc
 
 
+def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None:
+    """The bundle's telemetry as series on the run's clock, or None outside a bundle."""
+    if not manifest or not manifest.get("telemetry"):
+        return None
+    from .telemetry import read_series
+
+    f = (path / manifest["telemetry"]).resolve()
+    return read_series(f, origin_ns) if f.exists() else None
+
+
 def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
             align: str = "base") -> dict:
     t0 = time.perf_counter()
@@ -66,6 +76,11 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         for c in cs:
             c.start += shift
             c.end += shift
+    for rk in ranks:  # windows and timelines on the run's clock too (µs since `origin_ns`)
+        shift = (origins[rk["rank"]] - origin) / 1000.0
+        rk["windows"] = {ph: [[a + shift, b + shift] for a, b in sp] for ph, sp in rk["windows"].items()}
+        for seg in rk["segments"].values():
+            seg["start_us"] += shift
     offsets = coll.align_offsets(calls) if align == "collective-end" else None
     matched = coll.match(calls, offsets)
     waits = matched.pop("_waits")
@@ -82,6 +97,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         "phases": phases,
         "collectives": matched,
         "message_sizes": buckets,
+        "origin_ns": origin,
+        "telemetry": _telemetry(path, manifest, origin),
         "unclassified": {"count": sum(unknown.values()),
                          "names": [{"name": n, "count": c} for n, c in sorted(unknown.items(), key=lambda kv: -kv[1])[:50]]},
         "elapsed_s": time.perf_counter() - t0,
@@ -169,6 +186,19 @@ def _recommend(phase, shares, idle, device, threshold, matched, buckets) -> list
         recs.append(f"the device is idle {idle:.0%} of {phase}: launch overhead dominates; capture the step in a "
                     f"CUDA/HIP graph or fuse small kernels")
     return recs
+
+
+def analyze_backends(path: str | Path) -> dict[str, dict] | None:
+    """A bundle with one sub-bundle per backend: {backend: analysis}, in the run's order; else None."""
+    p = Path(path)
+    m = p / "manifest.json"
+    if not (p.is_dir() and m.exists()):
+        return None
+    try:
+        subs = json.loads(m.read_text()).get("sub_bundles") or {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(f"{m}: unreadable manifest ({e})") from None
+    return {b: analyze(p / d) for b, d in subs.items()} or None
 
 
 def load_result(path: str | Path) -> dict:

@@ -99,7 +99,28 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
             cats[CATEGORIES[code]] = {"total_us": total, "exposed_us": exposed}
         busy = float(iv.covered(unions[MARKER], lo, hi).sum())
         phases[phase] = {"windows": len(spans), "e2e_us": e2e, "idle_us": max(0.0, e2e - busy), "categories": cats}
-    return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases}
+    shown = {c: (unions[c] if c in (COMPUTE, OTHER) else exposed_base[c]) for c in (COMPUTE, *COMM_CODES, MEMCPY, OTHER)}
+    return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases,
+            "windows": {ph: [[a, b] for a, b in sp[:MAX_WINDOWS]] for ph, sp in wins.items()},
+            "segments": {ph: _segments(shown, sp) for ph, sp in wins.items()}}
+
+
+MAX_WINDOWS = 2000  # window spans kept per phase (for aligning telemetry); counts cover all of them
+MAX_SEGMENTS = 500  # intervals kept per category in a timeline window
+
+
+def _segments(shown: dict[int, iv.Intervals], spans: list[tuple[float, float]]) -> dict:
+    """One window's timeline (what a report draws): the exposed intervals of each category,
+    relative to the window's start. The middle window of a phase (a typical decode step; the
+    only prefill)."""
+    k = len(spans) // 2
+    lo, hi = spans[k]
+    out = {}
+    for code, ivs in shown.items():
+        s, e = iv.clip(ivs, lo, hi)
+        if len(s):
+            out[CATEGORIES[code]] = [[float(a - lo), float(b - lo)] for a, b in zip(s[:MAX_SEGMENTS], e[:MAX_SEGMENTS])]
+    return {"window": k, "start_us": lo, "dur_us": hi - lo, "by_category": out}
 
 
 def comm_comp_overlap(trace: Trace, cls: Classified, window: tuple[float, float] | None = None) -> dict:

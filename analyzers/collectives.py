@@ -115,6 +115,16 @@ def match(calls_by_rank: dict[int, list[Call]], offsets: dict[int, float] | None
             "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits_per_call}
 
 
+MAX_SAMPLES = 256  # per bucket, kept in the result for the regression gate's statistics
+
+
+def _thin(x: np.ndarray, k: int) -> list[float]:
+    """At most k of the samples, evenly spaced in call order (keeps drift visible, bounds the JSON)."""
+    if len(x) > k:
+        x = x[np.linspace(0, len(x) - 1, k).round().astype(int)]
+    return [round(float(v), 3) for v in x]
+
+
 def size_buckets(calls_by_rank: dict[int, list[Call]], waits: dict) -> list[dict]:
     """Per (op, axis, power-of-two size bucket): count, median/p90 latency, algbw, busbw.
 
@@ -138,5 +148,6 @@ def size_buckets(calls_by_rank: dict[int, list[Call]], waits: dict) -> list[dict
         algbw = mean_bytes / med / 1e3 if med > 0 else 0.0  # bytes/µs -> GB/s
         rows.append({"op": op, "axis": axis, "category": cat, "bucket_bytes": bucket, "count": len(xs),
                      "median_us": med, "p90_us": float(np.percentile(lats, 90)), "mean_bytes": mean_bytes,
-                     "group_size": n, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, n)})
+                     "group_size": n, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, n),
+                     "samples_us": _thin(lats, MAX_SAMPLES)})
     return rows

@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -161,6 +162,8 @@ class DDAComm:
             DEFAULT_SPIN_US if self.world_size <= cores else 0.0)
         self._k = 0
         self._closed = False
+        # Test-only: a known slowdown inside every allreduce, for the regression gate's tests.
+        self._test_delay_s = float(os.environ.get("COMMPROBE_TEST_DDA_DELAY_US", "0")) * 1e-6
         seg = self._segment_bytes()
         self._mm = self._map_segment(seg)
         self._buf = torch.frombuffer(self._mm, dtype=torch.uint8)
@@ -251,6 +254,8 @@ class DDAComm:
         nbytes = y.numel() * y.element_size()
         twoshot = nbytes >= self.twoshot_min_bytes
         with self._span("all_reduce", y):
+            if self._test_delay_s:
+                time.sleep(self._test_delay_s)
             if self._lib is not None:
                 fn = self._lib.dda_allreduce_twoshot if twoshot else self._lib.dda_allreduce_oneshot
                 self._check(fn(self._ctx, y.data_ptr(), y.data_ptr(), y.numel(), code), "all_reduce")

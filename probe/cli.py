@@ -176,27 +176,110 @@ def analyze(
 
 @app.command()
 def report(
-    path: str = typer.Argument(..., help="A run bundle, trace(s), or an analysis JSON file."),
+    path: str = typer.Argument(..., help="A run bundle (several backends: all compared), trace(s), or an analysis JSON."),
     output: str = typer.Option("report.html", "-o", "--output", help="Where to write the HTML report."),
+    json_out: bool = typer.Option(False, "--json", help="Print the analysis result as JSON instead of the summary."),
 ) -> None:
     """One self-contained HTML report (plotly.js embedded) of an analysis, plus the terminal summary."""
+    import json
     from pathlib import Path
 
-    from analyzers.analysis import load_result
+    from analyzers.analysis import analyze_backends, load_result
     from analyzers.trace import TraceError
     from reports.html import render_html
     from reports.terminal import render_analysis
 
     try:
-        result = load_result(path)
+        by_backend = analyze_backends(path)  # a bundle with several backends: report the first, chart all
+        result = next(iter(by_backend.values())) if by_backend else load_result(path)
     except TraceError as e:
         fail(str(e))
     try:
-        Path(output).write_text(render_html(result), encoding="utf-8")
+        Path(output).write_text(render_html(result, by_backend), encoding="utf-8")
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror or e}", code=1)
+    if json_out:
+        print(json.dumps(result, indent=1))
+        return
     render_analysis(result, console)
     console.print(f"report: {output}", highlight=False, markup=False)
+
+
+def _fraction(text: str, what: str, unit: str) -> float:
+    """'10%' or '0.1' -> 0.1; for shares also '5pp' -> 0.05."""
+    t = text.strip().lower()
+    try:
+        if unit == "pp" and t.endswith("pp"):
+            return float(t[:-2]) / 100
+        if t.endswith("%"):
+            return float(t[:-1]) / 100
+        return float(t)
+    except ValueError:
+        fail(f"{what} must look like 10% or 0.1{' or 5pp' if unit == 'pp' else ''}, got {text!r}")
+
+
+@app.command()
+def gate(
+    current: str = typer.Option(..., help="The run to judge: a bundle, an analysis JSON, or a baseline file."),
+    baseline: str = typer.Option(..., help="Baseline file (commprobe.baseline/1); written with --update-baseline."),
+    metric: list[str] = typer.Option([], help="Metric name or glob (repeatable), e.g. 'ttit_ms' or 'dda/*'. Default: all in the baseline."),
+    max_regression: str = typer.Option("10%", help="Time metrics: largest tolerated slowdown of the median."),
+    max_share_increase: str = typer.Option("5pp", help="Share metrics: largest tolerated rise, in percentage points."),
+    alpha: float = typer.Option(0.01, help="Significance level of the one-sided Mann-Whitney U test."),
+    min_samples: int = typer.Option(5, help="Fewer samples than this on either side is unusable input (exit 2)."),
+    update_baseline: bool = typer.Option(False, help="Write --current's metrics and machine facts to --baseline and exit."),
+    markdown: str | None = typer.Option(None, help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
+    junit: str | None = typer.Option(None, help="Write JUnit XML here."),
+    json_file: str | None = typer.Option(None, "--json", help="Write the JSON result here ('-' for stdout)."),
+) -> None:
+    """CI regression gate: exit 0 pass, 1 regression, 2 unusable input (fails closed)."""
+    import json
+    from pathlib import Path
+
+    from analyzers.gate import Thresholds, baseline_doc, load_metrics
+    from analyzers.gate import gate as run_gate
+    from analyzers.trace import TraceError
+    from reports.gate import render_gate, to_junit, to_markdown
+
+    th = Thresholds(_fraction(max_regression, "--max-regression", "%"),
+                    _fraction(max_share_increase, "--max-share-increase", "pp"), alpha, min_samples)
+    if not 0 < th.alpha < 1 or th.min_samples < 2 or th.max_regression < 0 or th.max_share_increase < 0:
+        fail("--alpha must be in (0, 1), --min-samples >= 2, thresholds >= 0")
+    try:
+        if update_baseline:
+            metrics, context, machine = load_metrics(current)
+            few = sorted(n for n, m in metrics.items() if len(m.samples) < th.min_samples)
+            metrics = {n: m for n, m in metrics.items() if n not in few}
+            if few:  # a baseline metric with too few samples would make every later gate unusable
+                console.print(f"left out (fewer than {th.min_samples} samples): {', '.join(few)}", highlight=False,
+                              markup=False)
+            if not metrics:
+                fail(f"{current}: no metrics with at least {th.min_samples} samples to store")
+            Path(baseline).write_text(json.dumps(baseline_doc(metrics, context, machine, current), indent=1) + "\n")
+            console.print(f"baseline: {len(metrics)} metrics from {current} written to {baseline}", highlight=False,
+                          markup=False)
+            return
+        res = run_gate(baseline, current, metric, th).to_dict()
+    except TraceError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot write {baseline}: {e.strerror or e}")
+    try:
+        if markdown:
+            with open(markdown, "a", encoding="utf-8") as f:  # append: CI step summaries accumulate
+                f.write(to_markdown(res))
+        if junit:
+            Path(junit).write_text(to_junit(res), encoding="utf-8")
+        if json_file and json_file != "-":
+            Path(json_file).write_text(json.dumps(res, indent=1), encoding="utf-8")
+    except OSError as e:
+        err.print(f"commprobe: error: cannot write a gate report: {e.strerror or e}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    if json_file == "-":
+        print(json.dumps(res, indent=1))
+    else:
+        render_gate(res, console)
+    raise typer.Exit(res["exit_code"])
 
 
 @app.command()

@@ -181,7 +181,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     """
     backend = backend or default_backend()
     own_dir = workdir is None
-    out = Path(tempfile.mkdtemp(prefix="commprobe-launch-")) if own_dir else Path(workdir)
+    out = Path(tempfile.mkdtemp(prefix="commprobe-launch-")) if own_dir else Path(workdir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     init_file = out / "rendezvous"
     init_file.unlink(missing_ok=True)

@@ -61,10 +61,90 @@ def sizes_figure(result: dict) -> go.Figure:
     return fig
 
 
-def render_html(result: dict) -> str:
+def timeline_figure(result: dict, phase: str) -> go.Figure | None:
+    """One window of `phase` per rank (the prefill; the middle decode step): what ran when."""
+    rows = [(r["rank"], r["segments"][phase]) for r in result["ranks"] if phase in r.get("segments", {})]
+    if not rows:
+        return None
+    fig = go.Figure()
+    for c in CATS:
+        ys, xs, bases = [], [], []
+        for rank, seg in rows:
+            for a, b in seg["by_category"].get(c, []):
+                ys.append(f"rank {rank}")
+                xs.append(b - a)
+                bases.append(a)
+        if xs:
+            fig.add_bar(name=c, y=ys, x=xs, base=bases, orientation="h", marker_color=COLORS[c])
+    which = "the prefill" if phase == "prefill" else f"{phase} window {rows[0][1]['window']}"
+    fig.update_layout(barmode="overlay", title=f"Per-rank timeline of {which} (exposed time; µs from the window's start)",
+                      xaxis_title="µs", height=max(300, 140 + 40 * len(rows)), legend_title="category")
+    fig.update_yaxes(categoryorder="category descending")
+    return fig
+
+
+def backends_figure(by_backend: dict[str, dict]) -> go.Figure | None:
+    """Collective latency and busbw by message size, one line per backend and op (log axes)."""
+    if len(by_backend) < 2 or not any(r["message_sizes"] for r in by_backend.values()):
+        return None
+    fig = go.Figure()
+    for backend, res in by_backend.items():
+        for op in sorted({b["op"] for b in res["message_sizes"]}):
+            bs = sorted((b for b in res["message_sizes"] if b["op"] == op), key=lambda b: b["bucket_bytes"])
+            fig.add_scatter(name=f"{backend} {op} latency", x=[b["bucket_bytes"] for b in bs],
+                            y=[b["median_us"] for b in bs], mode="lines+markers")
+            fig.add_scatter(name=f"{backend} {op} busbw", x=[b["bucket_bytes"] for b in bs],
+                            y=[b["busbw_GBps"] for b in bs], mode="lines+markers", yaxis="y2", line={"dash": "dot"})
+    fig.update_layout(title="Collective latency (solid) and busbw (dotted) by message size, per backend",
+                      xaxis={"type": "log", "title": "bytes"}, yaxis={"type": "log", "title": "median µs"},
+                      yaxis2={"type": "log", "title": "busbw GB/s", "overlaying": "y", "side": "right"}, height=460)
+    return fig
+
+
+def telemetry_figure(result: dict) -> go.Figure | None:
+    """Telemetry series on the traces' clock, one panel per unit, the phases shaded (rank 0's windows)."""
+    tel = result.get("telemetry") or {}
+    series = tel.get("series") or {}
+    if not series:
+        return None
+    from plotly.subplots import make_subplots
+
+    units = sorted({s["unit"] for s in series.values()})
+    fig = make_subplots(rows=len(units), cols=1, shared_xaxes=True, subplot_titles=units, vertical_spacing=0.06)
+    wins = result["ranks"][0].get("windows", {}) if result["ranks"] else {}
+    t0 = min((sp[0][0] for sp in wins.values() if sp), default=0.0)
+    for label, s in series.items():
+        fig.add_scatter(name=label, x=[(t - t0) / 1e6 for t in s["t_us"]], y=s["v"], mode="lines",
+                        row=units.index(s["unit"]) + 1, col=1)
+    colors = {"prefill": "rgba(69,117,180,0.18)", "decode": "rgba(244,109,67,0.12)"}
+    for phase, spans in wins.items():
+        if not spans:
+            continue
+        # One shaded band per phase (decode steps are back to back), from its first to its last window.
+        fig.add_vrect(x0=(spans[0][0] - t0) / 1e6, x1=(spans[-1][1] - t0) / 1e6, line_width=0,
+                      fillcolor=colors.get(phase, "rgba(120,120,120,0.12)"), annotation_text=phase,
+                      annotation_position="top left")
+    fig.update_layout(title="Telemetry aligned to the phases (s from the first phase; shaded: rank 0's phase windows)",
+                      height=240 * len(units) + 80)
+    fig.update_xaxes(title_text="s", row=len(units), col=1)
+    return fig
+
+
+def render_html(result: dict, by_backend: dict[str, dict] | None = None) -> str:
+    """`by_backend`: analyses of the same run per backend (a multi-backend bundle), for the comparison chart."""
     figs = [("breakdown", breakdown_figure(result))]
-    if result["message_sizes"]:
+    for phase in ("prefill", "decode", "step", "trace"):
+        f = timeline_figure(result, phase)
+        if f is not None:
+            figs.append((f"timeline-{phase}", f))
+    f = backends_figure(by_backend or {})
+    if f is not None:
+        figs.append(("backends", f))
+    elif result["message_sizes"]:
         figs.append(("sizes", sizes_figure(result)))
+    f = telemetry_figure(result)
+    if f is not None:
+        figs.append(("telemetry", f))
     verdicts = "".join(
         f'<li class="{_esc(p["verdict"].split("/")[0].split("-")[0])}"><b>{_esc(ph)}</b>: {_esc(p["summary"])}'
         + ("<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in p["recommendations"]) + "</ul>" if p["recommendations"] else "")

@@ -191,3 +191,12 @@ def test_profile_rejects_bad_layouts(tmp_path):
     assert r.returncode == 2 and "needs a mixture-of-experts preset" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("profile", "--preset", "tiny", "--cp", "2", "--cp-variant", "pass-x", "--out", str(tmp_path / "y"))
     assert r.returncode == 2 and "unknown --cp-variant" in r.stderr
+
+
+def test_relative_out_directory(tmp_path):
+    """`--out runs/x` relative to the caller's directory (the ranks' rendezvous file must not depend on it)."""
+    r = subprocess.run([sys.executable, "-m", "probe.cli", "profile", *FAST, "--backend", "gloo", "--out", "rel/run",
+                        "--timeout", "120"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "rel" / "run" / "rank1.trace.json.gz").exists()

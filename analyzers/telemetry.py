@@ -1,0 +1,77 @@
+"""Telemetry samples (the probe's telemetry.jsonl) as time series on the traces' clock.
+
+The probe stamps every sample with Unix nanoseconds from the same clock as the traces'
+`baseTimeNanoseconds`, so a sample at t_ns sits at (t_ns - origin_ns) / 1000 µs on the
+analysis's timeline, where the phases' windows are. Series are thinned to at most
+MAX_POINTS points each so a long run's report stays small.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MAX_POINTS = 2000
+
+
+def _nums(xs) -> list:
+    return [x for x in xs if isinstance(x, (int, float))]
+
+
+def read_series(path: Path, origin_ns: int) -> dict:
+    """{"series": {label: {"unit", "t_us": [...], "v": [...]}}, "samples": n, "errors": n} from a JSONL file."""
+    series: dict[str, dict] = {}
+    bad = n = 0
+    prev_ctx: dict[str, tuple[float, int]] = {}
+
+    def add(label: str, unit: str, t: float, v) -> None:
+        if isinstance(v, (int, float)):
+            s = series.setdefault(label, {"unit": unit, "t_us": [], "v": []})
+            s["t_us"].append(t)
+            s["v"].append(float(v))
+
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {"series": {}, "samples": 0, "errors": 0}
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            t = (int(rec["t_ns"]) - origin_ns) / 1000.0
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            continue
+        n += 1
+        src = rec.get("source")
+        if src == "host":
+            util = _nums(rec.get("cpu_util_pct") or [])
+            if util:
+                add("host CPU utilization (mean of cores)", "%", t, sum(util) / len(util))
+            for r, d in sorted((rec.get("ranks") or {}).items()):
+                if not isinstance(d, dict):
+                    continue
+                add(f"rank {r} RSS", "MB", t, (d.get("rss_bytes") or 0) / 1e6 if "rss_bytes" in d else None)
+                ctx = d.get("ctx_involuntary")
+                if isinstance(ctx, int):
+                    if r in prev_ctx and t > prev_ctx[r][0]:
+                        add(f"rank {r} involuntary context switches", "/s", t,
+                            (ctx - prev_ctx[r][1]) / ((t - prev_ctx[r][0]) / 1e6))
+                    prev_ctx[r] = (t, ctx)
+        elif src in ("nvidia", "amd"):
+            for d in rec.get("devices") or []:
+                if not isinstance(d, dict):
+                    continue
+                g = d.get("gpu")
+                if src == "nvidia":
+                    add(f"GPU {g} SM utilization", "%", t, d.get("sm_util_pct"))
+                    add(f"GPU {g} memory utilization", "%", t, d.get("mem_util_pct"))
+                    add(f"GPU {g} power", "W", t, d.get("power_w"))
+                else:
+                    act = d.get("activity") if isinstance(d.get("activity"), dict) else {}
+                    add(f"GPU {g} activity", "%", t, act.get("gfx_activity"))
+    for s in series.values():
+        k = len(s["t_us"])
+        if k > MAX_POINTS:
+            step = -(-k // MAX_POINTS)
+            s["t_us"], s["v"] = s["t_us"][::step], s["v"][::step]
+    return {"series": series, "samples": n, "errors": bad}
