@@ -179,6 +179,7 @@ def report(
     path: str = typer.Argument(..., help="A run bundle (several backends: all compared), trace(s), or an analysis JSON."),
     output: str = typer.Option("report.html", "-o", "--output", help="Where to write the HTML report."),
     json_out: bool = typer.Option(False, "--json", help="Print the analysis result as JSON instead of the summary."),
+    plan_file: str | None = typer.Option(None, "--plan", help="A `commprobe plan --json` result: adds the what-if panel."),
 ) -> None:
     """One self-contained HTML report (plotly.js embedded) of an analysis, plus the terminal summary."""
     import json
@@ -189,13 +190,21 @@ def report(
     from reports.html import render_html
     from reports.terminal import render_analysis
 
+    plan = None
+    if plan_file:
+        try:
+            plan = json.loads(Path(plan_file).read_text())
+            if plan.get("schema") != "commprobe.plan/1":
+                raise ValueError("not a commprobe.plan/1 result")
+        except (OSError, ValueError, AttributeError) as e:
+            fail(f"{plan_file}: not a plan result from `commprobe plan --json` ({e})")
     try:
         by_backend = analyze_backends(path)  # a bundle with several backends: report the first, chart all
         result = next(iter(by_backend.values())) if by_backend else load_result(path)
     except TraceError as e:
         fail(str(e))
     try:
-        Path(output).write_text(render_html(result, by_backend), encoding="utf-8")
+        Path(output).write_text(render_html(result, by_backend, plan), encoding="utf-8")
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror or e}", code=1)
     if json_out:
@@ -304,6 +313,86 @@ def compare(
         print(json.dumps(result, indent=1))
     else:
         render_compare(result, console)
+
+
+plan_app = typer.Typer(help="What-if planning with a calibrated cost model (no GPU needed).")
+app.add_typer(plan_app, name="plan")
+
+
+@plan_app.callback(invoke_without_command=True)
+def plan(
+    ctx: typer.Context,
+    model: str = typer.Option("llama3-70b", help="Model preset (llama3-8b, llama3-70b, llama3-405b, small, moe-small, ...)."),
+    hardware: str = typer.Option("h100x8", help="Hardware profile name (plan/hardware/*.toml) or a .toml path."),
+    tp: int = typer.Option(8, help="Tensor-parallel degree."),
+    cp: int = typer.Option(1, help="Context-parallel degree."),
+    ep: int = typer.Option(1, help="Expert-parallel degree."),
+    batch: int = typer.Option(1, help="Sequences per batch."),
+    prompt_len: int = typer.Option(2048, help="New prompt tokens to prefill."),
+    cached_len: int = typer.Option(0, help="Tokens already in the KV cache (multi-turn prefill)."),
+    allreduce: str = typer.Option("ring", help="TP allreduce algorithm: ring (NCCL/RCCL), dda, dda-oneshot, dda-twoshot."),
+    cp_variant: str = typer.Option("auto", help="CP prefill: auto, pass-kv, pass-q."),
+    what_if: str | None = typer.Option(None, help="Alternatives, e.g. 'allreduce=dda|x0.5, all_to_all=overlap, tp=4,8,16'."),
+    sort: str = typer.Option("ttit", help="Sort the what-if table by ttit or ttft."),
+    json_out: bool = typer.Option(False, "--json", help="Print the prediction(s) as JSON."),
+) -> None:
+    """Predict TTFT, TTIT, tokens/s and exposed communication for a layout on given hardware."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import json
+
+    from plan.costmodel import Layout, Options, Workload, predict
+    from plan.hardware import PlanError, load_hardware
+    from plan.whatif import alternatives
+    from reference_impl.config import get_preset
+    from reports.plan import render_prediction, render_whatif
+
+    if sort not in ("ttit", "ttft"):
+        fail("--sort must be ttit or ttft")
+    if allreduce not in ("ring", "dda", "dda-oneshot", "dda-twoshot") or cp_variant not in ("auto", "pass-kv", "pass-q"):
+        fail("--allreduce: ring, dda, dda-oneshot, dda-twoshot; --cp-variant: auto, pass-kv, pass-q")
+    for name, v in (("--batch", batch), ("--prompt-len", prompt_len)):
+        if v < 1:
+            fail(f"{name} must be >= 1")
+    try:
+        hw = load_hardware(hardware)
+        w = Workload(get_preset(model), batch=batch, prompt_len=prompt_len, cached_len=cached_len)
+        lay, opt = Layout(tp, cp, ep), Options(allreduce=allreduce, cp_variant=cp_variant)
+        base = predict(w, lay, hw, opt)
+        rows, skipped = alternatives(w, lay, hw, opt, what_if) if what_if else ([], [])
+    except (PlanError, ValueError) as e:
+        fail(str(e))
+    if json_out:
+        print(json.dumps({"schema": "commprobe.plan/1", "hardware": hw.name, "model": model, "base": base.to_dict(),
+                          "what_if": [{"alternative": n, **p.to_dict()} for n, p in rows], "skipped": skipped}, indent=1))
+        return
+    render_prediction(base, f"{model} on {hw.name}: TP{tp} CP{cp} EP{ep}, batch {batch}, prompt {prompt_len}", console)
+    if what_if:
+        render_whatif(rows, skipped, sort, console)
+
+
+@plan_app.command("calibrate")
+def plan_calibrate(
+    inputs: list[str] = typer.Argument(..., help="Sweep JSON files (bench collectives --json) and profile bundles."),
+    output: str = typer.Option("this-machine.toml", "-o", "--output", help="Hardware profile to write."),
+    name: str = typer.Option("this-machine", help="Profile name."),
+) -> None:
+    """Fit this machine's links (alpha, bandwidth) and compute rates from measured sweeps and profiles."""
+    from pathlib import Path
+
+    from analyzers.trace import TraceError
+    from plan.calibrate import calibrate
+    from plan.hardware import PlanError, to_toml
+
+    try:
+        hw, runs = calibrate(inputs, name)
+    except (PlanError, TraceError, KeyError, OSError) as e:
+        fail(str(e) if not isinstance(e, KeyError) else f"a bundle lacks {e} (is it a commprobe bundle?)")
+    Path(output).write_text(to_toml(hw))
+    console.print(f"{output}: {hw.peak_tflops * 1e3:.2f} GFLOP/s, {hw.mem_bw_GBps:.2f} GB/s, "
+                  f"{hw.layer_overhead_us:.0f} µs per layer; links " + ", ".join(
+                      f"{k} {v.alpha_us:.1f} µs + {v.bw_GBps:.2f} GB/s" for k, v in hw.links.items() if k not in ("intra", "inter")),
+                  highlight=False, markup=False)
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: collective sweeps.")

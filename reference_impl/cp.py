@@ -48,6 +48,7 @@ from torch import Tensor
 
 from collectives.comm import Comm
 
+from .cp_variant import choose_variant
 from .model import NO_POS, Attention, Transformer, repeat_kv
 
 VARIANTS = ("auto", "pass-kv", "pass-q")
@@ -59,11 +60,6 @@ def check_cp(cp: int, variant: str = "auto") -> None:
         raise ValueError(f"--cp must be >= 1, got {cp}")
     if variant not in VARIANTS:
         raise ValueError(f"unknown --cp-variant {variant!r} (known: {', '.join(VARIANTS)})")
-
-
-def choose_variant(cached: int, new: int, n_heads: int, n_kv_heads: int) -> str:
-    """pass-Q when P / (T + P) < 2 * H_kv / H (see the module docstring), else pass-KV."""
-    return "pass-q" if new * n_heads < 2 * (cached + new) * n_kv_heads else "pass-kv"
 
 
 def balanced_shards(start: int, length: int, n: int) -> list[Tensor]:

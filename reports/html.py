@@ -130,8 +130,26 @@ def telemetry_figure(result: dict) -> go.Figure | None:
     return fig
 
 
-def render_html(result: dict, by_backend: dict[str, dict] | None = None) -> str:
-    """`by_backend`: analyses of the same run per backend (a multi-backend bundle), for the comparison chart."""
+def plan_panel(plan: dict | None) -> str:
+    """The what-if table of a `commprobe plan --json` result, sorted by TTIT."""
+    if not plan:
+        return ""
+    rows = [("base", plan["base"])] + [(w["alternative"], w) for w in plan.get("what_if", [])]
+    rows.sort(key=lambda r: r[1]["ttit_ms"])
+    body = "".join(
+        f"<tr><td>{_esc(name)}</td><td>TP{p['layout']['tp']} CP{p['layout']['cp']} EP{p['layout']['ep']}</td>"
+        f"<td>{p['ttft_ms']:.3g}</td><td>{p['ttit_ms']:.3g}</td><td>{p['tokens_per_s']:.1f}</td>"
+        f"<td>{_esc(p['decode']['verdict'])}</td></tr>" for name, p in rows)
+    skipped = "".join(f"<li>{_esc(x)}</li>" for x in plan.get("skipped", []))
+    return (f'<h2>What-if: {_esc(plan.get("model"))} on {_esc(plan.get("hardware"))} (predicted)</h2>'
+            f'<table id="whatif"><tr><th>alternative</th><th>layout</th><th>TTFT ms</th><th>TTIT ms</th>'
+            f'<th>tokens/s</th><th>decode verdict</th></tr>{body}</table>'
+            + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
+
+
+def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: dict | None = None) -> str:
+    """`by_backend`: analyses of the same run per backend (a multi-backend bundle), for the comparison
+    chart; `plan`: a `commprobe plan --json` result, for the what-if panel."""
     figs = [("breakdown", breakdown_figure(result))]
     for phase in ("prefill", "decode", "step", "trace"):
         f = timeline_figure(result, phase)
@@ -169,6 +187,7 @@ code{{font-size:85%}}</style>
 threshold {result['threshold']:.0%}.</p>
 <h2>Verdict</h2><ul id="verdicts">{verdicts}</ul>
 {divs}
+{plan_panel(plan)}
 <h2>Unclassified events ({result['unclassified']['count']})</h2><table id="unclassified">{unknown}</table>
 <h2>Run manifest</h2><table id="manifest">{man_rows or '<tr><td>(not a commprobe bundle)</td></tr>'}</table>
 <script>{plots}</script>

@@ -1,0 +1,84 @@
+"""Validate the cost model on this machine: calibrate on TP=2 only, predict other layouts.
+
+1. sweep 2-rank allreduces (gloo, dda) and profile the reference model at TP=2 (the `small`
+   and `tiny` presets: weight-bound and overhead-bound decode);
+2. `plan calibrate` on those alone;
+3. profile TP=4, CP=2 and EP=2 (moe-small) runs and compare their measured TTFT and TTIT
+   (median over samples of the slowest rank, un-profiled) with the model's predictions.
+
+    python bench/plan_validation.py [--backend dda] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from plan.calibrate import calibrate, options_of, read_run, workload_of  # noqa: E402
+from plan.costmodel import predict  # noqa: E402
+
+CALIB = [("small", {"tp": 2}), ("tiny", {"tp": 2})]
+VALIDATE = [("small", {"tp": 4}), ("small", {"tp": 1, "cp": 2}), ("moe-small", {"tp": 1, "ep": 2}),
+            ("small", {"tp": 2, "cp": 2})]
+
+
+def cli(*args: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "probe.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "KINETO_LOG_LEVEL": "5"})
+    if r.returncode:
+        sys.exit(f"commprobe {' '.join(args)} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    return r.stdout
+
+
+def profile(tmp: Path, preset: str, layout: dict, args) -> Path:
+    name = preset + "-" + "-".join(f"{k}{v}" for k, v in layout.items())
+    out = tmp / name
+    flags = [x for k, v in layout.items() for x in (f"--{k}", str(v))]
+    cli("profile", "--preset", preset, *flags, "--backend", args.backend, "--prompt-len", str(args.prompt_len),
+        "--steps", str(args.steps), "--repeats", str(args.repeats), "--out", str(out), "--oversubscribe")
+    print(f"profiled {name}", file=sys.stderr)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="dda")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="plan-validate-"))
+    sweep = tmp / "sweep.json"
+    sweep.write_text(cli("bench", "collectives", "--op", "allreduce", "--backend", "gloo,dda", "--min", "1K",
+                         "--max", "4M", "--world", "2", "--json"))
+    calib = [profile(tmp, p, lay, args) for p, lay in CALIB]
+    hw, _ = calibrate([str(sweep), *map(str, calib)])
+    print(f"calibrated: {hw.peak_tflops * 1e3:.2f} GFLOP/s, {hw.mem_bw_GBps:.2f} GB/s, "
+          f"{hw.layer_overhead_us:.0f} µs/layer; " + ", ".join(
+              f"{k}: {v.alpha_us:.1f} µs + {v.bw_GBps:.2f} GB/s" for k, v in hw.links.items()))
+    print("\n| run | measured TTFT ms | predicted | error | measured TTIT ms | predicted | error |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for p, lay in CALIB + VALIDATE:
+        path = profile(tmp, p, lay, args) if (p, lay) in VALIDATE else tmp / (p + "-" + "-".join(f"{k}{v}" for k, v in lay.items()))
+        run = read_run(path)
+        pred = predict(workload_of(run), run["layout"], hw, options_of(run))
+        e1 = pred.ttft_ms / run["ttft_ms"] - 1
+        e2 = pred.ttit_ms / run["ttit_ms"] - 1
+        tag = " (calibration)" if (p, lay) in CALIB else ""
+        print(f"| {path.name}{tag} | {run['ttft_ms']:.1f} | {pred.ttft_ms:.1f} | {e1:+.0%} | {run['ttit_ms']:.2f} | "
+              f"{pred.ttit_ms:.2f} | {e2:+.0%} |")
+        rows.append({"run": path.name, "ttft_error": e1, "ttit_error": e2})
+    (tmp / "errors.json").write_text(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Fit a machine's profile from what commprobe measured on it: sweeps and profile bundles.
+
+- **Links** from `commprobe bench collectives --json` rows (allreduce, 2 ranks): a least-
+  squares line t = a + S b over the sizes, per backend, read through that backend's
+  algorithm at n = 2: the ring (gloo, NCCL) pays 2a per call, so alpha = a/2 and B = 1/b;
+  DDA one-shot pays one alpha, so alpha = a, B = 1/b.
+- **Compute** from bundles (manifest + timings.json): per run and phase, the un-profiled
+  median time minus the blocked communication the ranks measured is compute. The model's
+  own roofline then fixes the effective memory bandwidth (decode steps: weight-bound), the
+  effective FLOP rate (prefill: FLOP-bound) and a per-layer overhead (the interpreter), by
+  alternating least squares on those three unknowns. Efficiencies are then 1: the fitted
+  rates *are* what this machine reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .costmodel import Layout, Options, Workload, _phase, rates
+from .hardware import Hardware, Link, PlanError
+
+RING_BACKENDS = ("gloo", "nccl", "rccl", "mpi")
+
+
+def fit_links(rows: list[dict]) -> dict[str, Link]:
+    """{"ring": Link, "dda": Link} from sweep rows of 2-rank allreduces (whichever backends are present)."""
+    out: dict[str, Link] = {}
+    for kind, backends in (("ring", RING_BACKENDS), ("dda", ("dda",))):
+        pts = [(r["bytes"], r["time_us"]) for r in rows
+               if r.get("op") == "allreduce" and r.get("world") == 2 and r.get("backend") in backends]
+        if len(pts) < 2:
+            continue
+        x, y = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+        w = 1 / y  # relative errors: small messages count as much as large ones
+        a, b = np.polyfit(x, y, 1, w=w)[::-1]
+        a, b = max(float(a), 0.1), max(float(b), 1e-9)
+        out[kind] = Link(a / 2 if kind == "ring" else a, 1 / b / 1e3)
+    return out
+
+
+def read_run(path: Path) -> dict:
+    """One bundle's facts for calibration and validation."""
+    from analyzers.gate import load_metrics
+    from reference_impl.config import ModelConfig
+
+    m = json.loads((path / "manifest.json").read_text())
+    if m.get("sub_bundles"):
+        raise PlanError(f"{path}: has one bundle per backend; pass one of them ({', '.join(m['sub_bundles'])})")
+    metrics, _, _ = load_metrics(path, analyze_traces=False)
+    known = set(ModelConfig.__dataclass_fields__)
+    model = ModelConfig(**{k: v for k, v in m["model"].items() if k in known})
+    world = m["world"]
+    med = {n: statistics.median(x.samples) for n, x in metrics.items()}
+    run = m["run"]
+    return {"path": str(path), "model": model, "layout": Layout(world["tp"], world.get("cp", 1), world.get("ep", 1)),
+            "backend": m["backend"], "batch": run["batch"], "prompt_len": run["prompt_len"],
+            "decode_steps": run["decode_steps"], "ttft_ms": med["ttft_ms"], "ttit_ms": med["ttit_ms"],
+            "prefill_comm_share": sum(v for n, v in med.items() if n.startswith("prefill_comm_share/")),
+            "decode_comm_share": sum(v for n, v in med.items() if n.startswith("decode_comm_share/"))}
+
+
+def workload_of(run: dict) -> Workload:
+    """The reference implementation's work: logits for every prompt token; decode context mid-run."""
+    return Workload(run["model"], batch=run["batch"], prompt_len=run["prompt_len"],
+                    decode_context=run["prompt_len"] + run["decode_steps"] // 2, full_logits=True)
+
+
+def options_of(run: dict) -> Options:
+    return Options(allreduce="dda" if run["backend"] == "dda" else "ring")
+
+
+PRIOR = {"flops_per_us": 2e4, "bytes_per_us": 1e4, "overhead_us": 50.0}  # 20 GFLOP/s, 10 GB/s, 50 µs
+
+
+def fit_compute(runs: list[dict], hw: Hardware, iterations: int = 20) -> Hardware:
+    """Effective FLOP rate, memory bandwidth and per-layer overheads (prefill, decode) from the runs.
+
+    With the model's own roofline, each op group is FLOP- or byte-bound at the current
+    estimate, so every measured compute time is linear in (1/F, 1/B, o_prefill, o_decode):
+    weighted least squares (relative errors) with a weak ridge toward PRIOR, which decides
+    only what the runs cannot (a single overhead-bound run says nothing of bandwidth);
+    repeated until the bound of each group settles."""
+    if not runs:
+        raise PlanError("calibration needs at least one profile bundle")
+    hw = replace(hw, compute_eff=1.0, mem_eff=1.0, peak_tflops=PRIOR["flops_per_us"] / 1e6,
+                 mem_bw_GBps=PRIOR["bytes_per_us"] / 1e3, layer_overhead_us=PRIOR["overhead_us"],
+                 prefill_layer_overhead_us=PRIOR["overhead_us"])
+    meas = []
+    for r in runs:
+        meas.append((r, False, r["ttft_ms"] * 1e3 * (1 - r["prefill_comm_share"])))
+        meas.append((r, True, r["ttit_ms"] * 1e3 * (1 - r["decode_comm_share"])))
+    x0 = np.array([1 / PRIOR["flops_per_us"], 1 / PRIOR["bytes_per_us"], PRIOR["overhead_us"], PRIOR["overhead_us"]])
+    for _ in range(iterations):
+        rows, ys = [], []
+        for r, dec, y in meas:
+            cost = _phase(workload_of(r), r["layout"], hw, options_of(r), dec)
+            fr, mr, share = rates(hw, r["layout"].world)
+            on_host = hw.bytes_per_us / mr
+            a = np.zeros(4)
+            for _, f, by, n in cost.work.groups:
+                if f / fr >= by / mr:
+                    a[0] += n * f * share
+                else:
+                    a[1] += n * by * on_host
+            a[3 if dec else 2] = r["model"].n_layers * share
+            rows.append(a / y)  # relative error
+            ys.append(1.0)
+        A, Y = np.array(rows), np.array(ys)
+        lam = 1e-3
+        D = np.diag(1 / x0)  # the ridge in relative units of each unknown
+        x = np.linalg.solve(A.T @ A + lam * D.T @ D, A.T @ Y + lam * D.T @ D @ x0)
+        x = np.maximum(x, x0 * 1e-3)
+        hw = replace(hw, peak_tflops=1 / x[0] / 1e6, mem_bw_GBps=1 / x[1] / 1e3,
+                     prefill_layer_overhead_us=float(x[2]), layer_overhead_us=float(x[3]))
+    return hw
+
+
+def calibrate(paths: list[str], name: str = "this-machine", devices: int | None = None) -> tuple[Hardware, list[dict]]:
+    import os
+
+    rows, runs = [], []
+    for p in map(Path, paths):
+        if p.is_dir():
+            runs.append(read_run(p))
+        else:
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError) as e:
+                raise PlanError(f"{p}: not a sweep JSON or a bundle ({e})") from None
+            if not isinstance(data, list):
+                raise PlanError(f"{p}: expected the JSON list of `commprobe bench collectives --json`")
+            rows += data
+    links = fit_links(rows)
+    if "ring" not in links and "dda" not in links:
+        raise PlanError("calibration needs a sweep with 2-rank allreduce rows (commprobe bench collectives --json)")
+    intra = links.get("ring") or links["dda"]
+    hw = Hardware(name=name, description="calibrated by commprobe plan calibrate (fp32 reference model on CPU)",
+                  devices_per_host=devices or os.cpu_count() or 1, peak_tflops=0.02, mem_bw_GBps=10.0,
+                  compute_eff=1.0, mem_eff=1.0, links={"intra": intra, "inter": intra, **links}, dtype_bytes=4,
+                  mem_bw_scope="host", sources=[f"calibrated from {', '.join(paths)}"])
+    hw = fit_compute(runs, hw)
+    hw.calibration = {"runs": len(runs), "sweep_rows": len(rows)}
+    return hw, runs
+

@@ -1,0 +1,125 @@
+"""The cost model and what-if planner: formulas, published shapes, calibration on this machine."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from plan.costmodel import Layout, Options, Workload, all_to_all_us, allreduce_us, predict
+from plan.hardware import Link, PlanError, load_hardware
+from plan.whatif import alternatives, parse
+from reference_impl.config import get_preset
+from tests.conftest import ROOT, run_cli
+
+NVL = Link(alpha_us=2.0, bw_GBps=450.0)
+
+
+def test_collective_formulas():
+    assert allreduce_us(1, 1e6, NVL, "ring") == 0.0
+    s = 16 * 1024  # a decode-sized allreduce: latency-bound
+    ring, one, two = (allreduce_us(8, s, NVL, a) for a in ("ring", "dda-oneshot", "dda-twoshot"))
+    assert ring == pytest.approx(2 * 7 * 2.0 + 2 * 7 / 8 * s / 450e3)
+    assert one == pytest.approx(2.0 + 7 * s / 450e3) and one < two < ring
+    big = 256 << 20  # bandwidth-bound: two-shot moves what the ring moves, one-shot 4x more
+    assert allreduce_us(8, big, NVL, "dda") == pytest.approx(allreduce_us(8, big, NVL, "dda-twoshot"))
+    assert allreduce_us(8, big, NVL, "dda-oneshot") > 3.9 * allreduce_us(8, big, NVL, "dda-twoshot")
+    assert all_to_all_us(4, 4e6, NVL) == pytest.approx(2.0 + 0.75 * 4e6 / 450e3)
+
+
+def test_decode_of_llama3_70b_on_h100_is_weight_bound_and_dda_helps():
+    hw = load_hardware("h100x8")
+    m = get_preset("llama3-70b")
+    ring = predict(Workload(m, prompt_len=2048), Layout(tp=8), hw, Options(allreduce="ring"))
+    dda = predict(Workload(m, prompt_len=2048), Layout(tp=8), hw, Options(allreduce="dda"))
+    weights = m.param_count() * 2 / 8  # bf16, per GPU (embedding read is one row; the head all of it)
+    floor_ms = weights / (3350e9 * 0.8) * 1e3
+    assert floor_ms * 0.9 < dda.decode.compute_us / 1e3 < floor_ms * 1.1
+    assert dda.ttit_ms < ring.ttit_ms  # 160 latency-bound allreduces: one step each instead of 14
+    assert ring.decode.exposed_share["tp"] > 0.2 and "communication-bound" in ring.decode.verdict()
+
+
+def test_cp_variant_follows_the_rule_and_long_prefill_scales():
+    hw = load_hardware("h100x8")
+    m = get_preset("llama3-405b")
+    cold = predict(Workload(m, prompt_len=128 * 1024), Layout(tp=8, cp=16), hw)
+    warm = predict(Workload(m, prompt_len=4096, cached_len=120_000), Layout(tp=8, cp=16), hw)
+    assert cold.prefill.cp_variant == "pass-kv" and warm.prefill.cp_variant == "pass-q"
+    one = predict(Workload(m, prompt_len=128 * 1024), Layout(tp=8, cp=1), hw)
+    assert 10 < one.ttft_ms / cold.ttft_ms <= 16  # 16 hosts: near-linear, never super-linear
+
+
+def test_what_if_table_and_bad_specs():
+    hw = load_hardware("h100x8")
+    w = Workload(get_preset("llama3-70b"))
+    rows, skipped = alternatives(w, Layout(tp=8), hw, Options(), "allreduce=dda|x0.5, tp=4,8,16")
+    names = [n for n, _ in rows]
+    assert "base" in names and "allreduce=dda, tp=4" in names and "tp=8" not in names  # equal to the base
+    assert any("tp=16" in s and "KV heads" not in s for s in skipped) or any("tp=16" in n for n in names)
+    assert parse("allreduce=dda|x0.5, all_to_all=overlap, tp=4,8,16") == {
+        "allreduce": ["dda", "x0.5"], "all_to_all": ["overlap"], "tp": ["4", "8", "16"]}
+    with pytest.raises(PlanError):
+        parse("warp=9")
+    with pytest.raises(PlanError):
+        alternatives(w, Layout(tp=8), hw, Options(), "allreduce=fast")
+
+
+def test_plan_cli_json_report_panel_and_errors(tmp_path):
+    r = run_cli("plan", "--model", "llama3-70b", "--hardware", "mi300x8", "--tp", "8", "--what-if", "allreduce=dda", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["base"]["ttit_ms"] > doc["what_if"][-1]["ttit_ms"] or doc["what_if"][0]["ttit_ms"] < doc["base"]["ttit_ms"]
+    plan = tmp_path / "plan.json"
+    plan.write_text(r.stdout)
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 5,
+                                                   "pid": 0, "tid": 1}]}))
+    r = run_cli("report", str(trace), "-o", str(tmp_path / "r.html"), "--plan", str(plan))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert 'id="whatif"' in page and "allreduce=dda" in page and "mi300x8" in page
+    for args, msg in ((["--hardware", "tpu9"], "unknown hardware"), (["--model", "llama3-8b", "--ep", "2"], "mixture-of-experts"),
+                      (["--what-if", "warp=9"], "not key=value")):
+        r = run_cli("plan", *args)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_planner_does_not_import_torch():
+    code = ("import sys; import plan.costmodel, plan.whatif, plan.calibrate, plan.hardware; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+def test_calibrate_on_tp2_then_predict_other_layouts(tmp_path):
+    """The validation of the issue at test size (few samples, loose bound; the benchmark with
+    every error is bench/plan_validation.py): calibrate on one TP=2 run of `small` and a 2-rank
+    sweep only, then predict CP=2 (`small`) and EP=2 (`moe-small`) runs within a factor of 2.
+    (`tiny` would not do: its time is the interpreter's, per op, which the model does not count.)"""
+    sweep = tmp_path / "sweep.json"
+    r = run_cli("bench", "collectives", "--op", "allreduce", "--backend", "gloo,dda", "--min", "1K", "--max", "1M",
+                "--world", "2", "--batches", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    sweep.write_text(r.stdout)
+    common = ["--steps", "8", "--repeats", "2", "--prompt-len", "64", "--backend", "dda"]
+    runs = {}
+    for name, args in (("tp2", ["--preset", "small", "--tp", "2"]), ("cp2", ["--preset", "small", "--tp", "1", "--cp", "2"]),
+                       ("ep2", ["--preset", "moe-small", "--tp", "1", "--ep", "2"])):
+        r = run_cli("profile", *args, *common, "--out", str(tmp_path / name))
+        assert r.returncode == 0, r.stderr
+        runs[name] = tmp_path / name
+    out = tmp_path / "me.toml"
+    r = run_cli("plan", "calibrate", str(sweep), str(runs["tp2"]), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    from plan.calibrate import options_of, read_run, workload_of
+
+    hw = load_hardware(out)
+    assert hw.links["dda"].alpha_us < hw.links["ring"].alpha_us * 2 and hw.mem_bw_scope == "host"
+    for name in ("tp2", "cp2", "ep2"):
+        run = read_run(runs[name])
+        p = predict(workload_of(run), run["layout"], hw, options_of(run))
+        for metric, got in (("ttft_ms", p.ttft_ms), ("ttit_ms", p.ttit_ms)):
+            ratio = got / run[metric]
+            assert 0.5 < ratio < 2.0, f"{name} {metric}: predicted {got:.3f}, measured {run[metric]:.3f}"
+    r = run_cli("plan", "calibrate", str(tmp_path / "nope.json"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
