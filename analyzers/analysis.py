@@ -12,6 +12,8 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 from . import collectives as coll
 from .attribution import rank_breakdown
 from .classify import CATEGORIES, classify, load_rules
@@ -84,6 +86,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     offsets = coll.align_offsets(calls) if align == "collective-end" else None
     matched = coll.match(calls, offsets)
     waits = matched.pop("_waits")
+    _phase_waits(ranks, calls, waits)
     buckets = coll.size_buckets(calls, waits)
     phases = _phase_summary(ranks, threshold, matched, buckets)
     return {
@@ -103,6 +106,32 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
                          "names": [{"name": n, "count": c} for n, c in sorted(unknown.items(), key=lambda kv: -kv[1])[:50]]},
         "elapsed_s": time.perf_counter() - t0,
     }
+
+
+def _phase_waits(ranks: list[dict], calls: dict, waits: dict) -> None:
+    """Per rank, phase and communication category: `exposed_wait_us`, the part of the exposed time
+    spent waiting for a straggler (matched calls that start in the phase's windows; on a host
+    timeline all of a collective's time is exposed, on a device the wait is capped by the
+    category's exposed time)."""
+    for rk in ranks:
+        r = rk["rank"]
+        for phase, spans in rk["windows"].items():
+            cats = rk["phases"][phase]["categories"]
+            for c in COMM_CATS:
+                cats[c]["exposed_wait_us"] = 0.0
+            if not spans:
+                continue
+            lo = np.array([a for a, _ in spans])
+            hi = np.array([b for _, b in spans])
+            for call in calls.get(r, []):
+                w = waits.get((r, call.key))
+                if not w or w[0] <= 0 or call.category not in cats:
+                    continue
+                k = int(np.searchsorted(lo, call.start, side="right")) - 1
+                if k >= 0 and call.start < hi[k]:
+                    cats[call.category]["exposed_wait_us"] += w[0]
+            for c in COMM_CATS:
+                cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 
 
 def _phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict]) -> dict:

@@ -61,6 +61,7 @@ class Options:
     allreduce_scale: float = 1.0  # what-if: TP allreduce time x this
     overlap_all_to_all: bool = False
     cp_variant: str = "auto"  # auto | pass-kv | pass-q
+    expert_imbalance: float = 1.0  # rows the busiest EP rank's experts get / the mean (router skew)
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ def _phase(w: Workload, lay: Layout, hw: Hardware, opt: Options, decode: bool) -
         # whole tokens and rows, at least one touched expert when any row arrives (decode at a
         # batch below EP leaves some ranks idle while one works).
         tok_ep = math.ceil(new / ep)
-        rows = math.ceil(tok_ep * m.top_k)
+        rows = math.ceil(tok_ep * m.top_k * opt.expert_imbalance)
         touched = min(m.n_experts / ep, math.ceil((m.n_experts / ep) * (1 - (1 - 1 / m.n_experts) ** (new * m.top_k))))
         ew = 3 * m.dim * m.moe_intermediate_size / tp
         work.add("experts", 2 * rows * ew, touched * ew * e, L)

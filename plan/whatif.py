@@ -2,8 +2,9 @@
 
 Spec: comma-separated `key=alt|alt|...`; a key's own value list may also use commas
 (`tp=4,8,16`). Keys: allreduce (ring, dda, dda-oneshot, dda-twoshot, or xF to scale the TP
-allreduce time), all_to_all (overlap, exposed), cp_variant (auto, pass-kv, pass-q), tp, cp,
-ep, batch, prompt_len. Every combination of the base and the alternatives is predicted;
+allreduce time), all_to_all (overlap, exposed), cp_variant (auto, pass-kv, pass-q),
+expert_imbalance (busiest EP rank's routed rows over the mean, e.g. 1.5), tp, cp, ep, batch,
+prompt_len. Every combination of the base and the alternatives is predicted;
 combinations the model cannot shard are listed with the reason.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import replace
 from .costmodel import Layout, Options, Prediction, Workload, predict
 from .hardware import Hardware, PlanError
 
-KEYS = ("allreduce", "all_to_all", "cp_variant", "tp", "cp", "ep", "batch", "prompt_len")
+KEYS = ("allreduce", "all_to_all", "cp_variant", "expert_imbalance", "tp", "cp", "ep", "batch", "prompt_len")
 
 
 def parse(spec: str) -> dict[str, list[str]]:
@@ -51,6 +52,8 @@ def _apply(w: Workload, lay: Layout, opt: Options, key: str, val: str) -> tuple[
             if val not in ("auto", "pass-kv", "pass-q"):
                 raise PlanError(f"--what-if cp_variant={val}: auto, pass-kv or pass-q")
             return w, lay, replace(opt, cp_variant=val)
+        if key == "expert_imbalance":
+            return w, lay, replace(opt, expert_imbalance=float(val))
         if key in ("tp", "cp", "ep"):
             return w, replace(lay, **{key: int(val)}), opt
         return replace(w, **{key: int(val)}), lay, opt

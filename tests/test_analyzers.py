@@ -53,14 +53,17 @@ def test_synthetic_overlap_exposure_and_straggler_are_exact(gpu_pair):
     assert r["schema"] == SCHEMA
     r0 = r["ranks"][0]["phases"]["step"]
     assert r["ranks"][0]["timeline"] == "device" and r0["e2e_us"] == 1000 and r0["windows"] == 1
-    assert r0["categories"]["tp_allreduce"] == {"total_us": 300, "exposed_us": 100}  # [400, 500] alone
+    assert r0["categories"]["tp_allreduce"] == {"total_us": 300, "exposed_us": 100, "exposed_wait_us": 100}  # [400, 500]
     assert r0["categories"]["compute"]["exposed_us"] == 800 and r0["idle_us"] == 100
     r1 = r["ranks"][1]["phases"]["step"]
-    assert r1["categories"]["tp_allreduce"] == {"total_us": 150, "exposed_us": 50}
+    assert r1["categories"]["tp_allreduce"] == {"total_us": 150, "exposed_us": 50, "exposed_wait_us": 0}
     c = r["collectives"]
     assert c["matched_calls"] == 1 and c["straggler"] == 1
     assert c["ranks"][0]["wait_us"] == 150 and c["ranks"][0]["transfer_us"] == 150
     assert c["ranks"][1]["wait_us"] == 0 and c["ranks"][1]["transfer_us"] == 150
+    # Of rank 0's 100 µs exposed allreduce, all is waiting for rank 1 (150 µs of wait, capped).
+    assert r0["categories"]["tp_allreduce"]["exposed_wait_us"] == 100
+    assert r1["categories"]["tp_allreduce"]["exposed_wait_us"] == 0
     (b,) = r["message_sizes"]
     assert (b["op"], b["axis"], b["bucket_bytes"], b["count"], b["median_us"]) == ("allreduce", "tp", 4096, 2, 150)
     assert b["algbw_GBps"] == pytest.approx(4096 / 150 / 1e3) and b["busbw_GBps"] == pytest.approx(b["algbw_GBps"])
@@ -148,6 +151,9 @@ def test_injected_delays_are_attributed_within_ten_percent(tmp_path):
     assert c["ranks"][0]["wait_us"] == pytest.approx(injected, rel=0.1)
     assert c["ranks"][1]["wait_us"] < 0.1 * injected
     assert before["phases"]["decode"]["verdict"] == "communication-bound"
+    # ... and per phase: the decode phase's exposed allreduce on rank 0 is that wait.
+    dec0 = before["ranks"][0]["phases"]["decode"]["categories"]["tp_allreduce"]
+    assert dec0["exposed_wait_us"] == pytest.approx(injected, rel=0.1)
 
 
 def test_compare_gives_ratios(gpu_pair):
