@@ -73,6 +73,10 @@ class _TorchPending:
         return self.out
 
 
+# torch 2.13 renamed all_gather_into_tensor (now deprecated, with a warning per call).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class TorchComm:
     """`Comm` over a torch.distributed process group (gloo on CPU, nccl on CUDA/ROCm)."""
 
@@ -99,7 +103,7 @@ class TorchComm:
             return x
         with self._span("all_gather", x):
             out = x.new_empty((self.world_size * x.shape[0], *x.shape[1:]))
-            dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+            _all_gather_single(out, x.contiguous(), group=self.group)
         return out
 
     def all_to_all(self, x: Tensor, in_splits: list[int], out_splits: list[int]) -> Tensor:

@@ -42,6 +42,7 @@
 #define CL 64
 #define MAXW 64
 #define BLOCK 2048 /* elements reduced per pass, so partial sums stay in L1 */
+#define A2A_ROUND (256u * 1024u) /* all-to-all bytes per peer and round (pipelining grain) */
 
 typedef struct {
     uint32_t val;
@@ -320,6 +321,9 @@ int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uin
                    char *out, const uint64_t *out_off, const uint64_t *out_len) {
     int w = c->world, me = c->rank;
     uint64_t cap = (c->slot_bytes / (w > 1 ? w - 1 : 1)) & ~(uint64_t)(CL - 1);
+    /* Rounds no larger than A2A_ROUND: with double buffering a sender copies round r + 1 in
+     * while its peers copy round r out, so a large exchange costs about one copy, not two. */
+    if (cap > A2A_ROUND) cap = A2A_ROUND;
     uint64_t mine = 1;
     for (int d = 0; d < w; d++) {
         uint64_t r = (in_len[d] + cap - 1) / cap;
@@ -338,8 +342,12 @@ int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uin
         }
         if (r == 0) c->hdr[me].rounds[k & 1] = mine; /* published by the release below */
         post(&c->hdr[me].ready, (uint32_t)k);
-        /* our own rows move while the peers copy theirs in: off the critical path */
-        if (r == 0) memcpy(out + out_off[me], in + in_off[me], in_len[me]);
+        /* our own rows move while the peers copy theirs in, a round's share at a time so the
+         * next round's copy-in is not held up; the last round takes whatever is left */
+        if (o < in_len[me]) {
+            uint64_t n = (r + 1 == rounds || in_len[me] - o < cap) ? in_len[me] - o : cap;
+            memcpy(out + out_off[me] + o, in + in_off[me] + o, n);
+        }
         for (int i = 1; i < w; i++) {
             int p = (me + w - i) % w; /* stagger: i-th sender upstream */
             if (wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);

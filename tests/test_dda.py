@@ -52,6 +52,13 @@ def test_all_gather_all_to_all_send_recv_equal_gloo(world, pure):
         assert all(res.values()), f"rank {rank}: {res}"
 
 
+def test_other_ops_with_the_default_slot_equal_gloo():
+    """The default 1 MiB slot: all-to-all moves in 256 KiB rounds per peer (pipelined), rows
+    a rank keeps for itself are copied a round at a time."""
+    for rank, res in enumerate(launch(workers.dda_other_ops, 3, (False, 1 << 20), timeout=300)):
+        assert all(res.values()), f"rank {rank}: {res}"
+
+
 def test_shared_memory_gone_after_exit_and_after_a_kill():
     before = set(shm_dir().glob(f"{SHM_PREFIX}-*"))
     launch(workers.dda_back_to_back, 2, (10, False, 64 << 10), timeout=120)

@@ -98,6 +98,17 @@ def dda_other_ops(pure: bool, slot_bytes: int) -> dict:
         x = _rand(rows * 16, dt, seed=50 + rank).view(rows, 16)
         in_s, out_s = splits[rank], [splits[s][rank] for s in range(w)]
         out[f"all_to_all_{dt}"] = torch.equal(dda.all_to_all(x, in_s, out_s), ref.all_to_all(x, in_s, out_s))
+    # Rows a rank keeps for itself outnumber what it exchanges (its own copy spans every round
+    # and beyond), and the reverse.
+    for case, diag in (("own_large", 5000), ("own_none", 0)):
+        sp = [[(s + d) % 3 + 1 for d in range(w)] for s in range(w)]
+        for s in range(w):
+            sp[s][s] = diag * 10 if slot_bytes >= 1 << 20 else diag
+        sp[0][w - 1] = 20000 if case == "own_none" else sp[0][w - 1]  # 1.3 MB: several 256 KiB rounds
+        rows = sum(sp[rank])
+        x = _rand(rows * 16, torch.float32, seed=70 + rank).view(rows, 16)
+        in_s, out_s = sp[rank], [sp[s][rank] for s in range(w)]
+        out[f"all_to_all_{case}"] = torch.equal(dda.all_to_all(x, in_s, out_s), ref.all_to_all(x, in_s, out_s))
     for n in (1, 333, 100_000):
         x = _rand(n, torch.float16, seed=90 + rank)
         dst, src = (rank + 1) % w, (rank - 1) % w
