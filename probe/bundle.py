@@ -94,6 +94,7 @@ def manifest(cfg, model_cfg: dict, backend: str | list[str], world: int) -> dict
         "model": model_cfg,
         "backend": backend,
         "run": {"batch": cfg.batch, "prompt_len": cfg.prompt_len, "decode_steps": cfg.decode_steps,
+                "device": getattr(cfg, "device", "auto"),
                 "repeats": cfg.repeats, "seed": cfg.seed, "checkpoint": cfg.checkpoint},
         "clock": CLOCK,
         "started_at": now_iso(),

@@ -40,6 +40,7 @@ def profile(
     cp: int = typer.Option(1, help="Context-parallel degree: the prompt sharded over a ring (ranks)."),
     ep: int = typer.Option(1, help="Expert-parallel degree (needs an MoE preset: moe-tiny, moe-small)."),
     cp_variant: str = typer.Option("auto", help="Ring attention: auto, pass-kv, pass-q."),
+    device: str = typer.Option("auto", help="Where the model runs: auto (a GPU per rank when present), cpu, cuda."),
     steps: int = typer.Option(32, "--steps", "--decode-steps", help="Decode steps per repetition."),
     prompt_len: int = typer.Option(128, help="Prompt length (tokens) for prefill."),
     batch: int = typer.Option(1, help="Sequences per batch."),
@@ -71,6 +72,12 @@ def profile(
             fail(f"{name} must be >= 1, got {v}")
     if telemetry_interval <= 0:
         fail("--telemetry-interval must be > 0")
+    if device not in ("auto", "cpu", "cuda"):
+        fail(f"--device must be auto, cpu or cuda, got {device!r}")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda, but torch sees no CUDA/ROCm device (a CPU build of torch, or no driver)")
     try:
         if checkpoint:
             from reference_impl.checkpoint import config_from_hf
@@ -100,7 +107,7 @@ def profile(
     first = not under_torchrun() or int(os.environ.get("RANK", 0)) == 0  # other ranks would see rank 0's
     if first and out.is_dir() and (out / "manifest.json").exists():
         fail(f"--out {out} already holds a bundle; choose another directory")
-    cfg = RunConfig(preset=preset, tp=tp, cp=cp, ep=ep, cp_variant=cp_variant, batch=batch, prompt_len=prompt_len, decode_steps=steps, repeats=repeats,
+    cfg = RunConfig(preset=preset, tp=tp, cp=cp, ep=ep, cp_variant=cp_variant, device=device, batch=batch, prompt_len=prompt_len, decode_steps=steps, repeats=repeats,
                     seed=seed, checkpoint=checkpoint, backends=backends, timeout=timeout, out_dir=str(out))
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep Kineto's start/stop chatter off the terminal
 

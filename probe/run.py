@@ -42,6 +42,7 @@ class RunConfig:
     timeout: float = 300.0
     out_dir: str | None = None  # bundle root; traces are written only when set
     profile: bool = True
+    device: str = "auto"  # auto (a GPU per rank when CUDA/ROCm is present), cpu, cuda
 
     @property
     def mesh(self):
@@ -185,14 +186,28 @@ def percentile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def load_model(cfg: RunConfig):
+def load_model(cfg: RunConfig, device: str = "cpu"):
     from reference_impl.checkpoint import load_hf
     from reference_impl.config import get_preset
     from reference_impl.model import build_model
 
     if cfg.checkpoint:
-        return load_hf(cfg.checkpoint)
-    return build_model(get_preset(cfg.preset), seed=cfg.seed)
+        return load_hf(cfg.checkpoint).to(device)
+    return build_model(get_preset(cfg.preset), seed=cfg.seed, device=device)
+
+
+def rank_device(cfg: RunConfig, rank: int) -> str:
+    """This rank's device: its own GPU (LOCAL_RANK under torchrun, else rank modulo the GPUs) or the CPU."""
+    want = cfg.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError("--device cuda, but torch sees no CUDA/ROCm device")
+    local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+    torch.cuda.set_device(local)
+    return f"cuda:{local}"
 
 
 def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
@@ -219,7 +234,12 @@ class _Phase:
 
 def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg: RunConfig,
                    into: RankTimings | None):
+    """One prefill + decode. On a GPU the clock reads wait for the device (synchronize), so
+    TTFT/TTIT are real; the per-collective blocked times of TimedComm then count only the host
+    side of asynchronous NCCL calls: on a GPU, attribute communication from the traces."""
     import torch.distributed as dist
+
+    sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
 
     def reset() -> None:
         for c in comms.values():
@@ -232,9 +252,11 @@ def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
     reset()
+    sync()
     t0 = time.perf_counter()
     with _Phase("commprobe/prefill"):
         tok = model.prefill(prompt)[:, -1].argmax(-1)
+    sync()
     ttft, pre = time.perf_counter() - t0, taken()
     seq, steps, per_step = [tok], [], []
     for i in range(cfg.decode_steps):
@@ -242,6 +264,7 @@ def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg
         ts = time.perf_counter()
         with _Phase(f"commprobe/decode[{i}]"):
             tok = model.decode_step(tok, cfg.prompt_len + i)[:, -1].argmax(-1)
+        sync()
         steps.append(time.perf_counter() - ts)
         per_step.append(taken())
         seq.append(tok)
@@ -289,13 +312,14 @@ def run_rank(cfg: RunConfig) -> RankResult:
 
     fault = os.environ.get("COMMPROBE_TEST_FAULT", "")  # test-only: "raise:R", "hang:R", "die:R", "trace:R"
     rank = dist.get_rank()
+    device = rank_device(cfg, rank)
     report_progress("building model")
     comms: dict[str, dict[str, TimedComm]] = {}
     for b in cfg.backends:
         opts = {"timeout": cfg.timeout} if b == "dda" else {}
         comms[b] = {a: TimedComm(c) for a, c in build_comms(cfg.mesh, b, **opts).items()}
-    model = parallelize(load_model(cfg), comms[cfg.backends[0]], cfg.cp_variant)
-    prompt = make_prompt(model.cfg.vocab_size, cfg.batch, cfg.prompt_len, cfg.seed)
+    model = parallelize(load_model(cfg, device), comms[cfg.backends[0]], cfg.cp_variant)
+    prompt = make_prompt(model.cfg.vocab_size, cfg.batch, cfg.prompt_len, cfg.seed).to(device)
     timings = {b: RankTimings(rank, b, cfg.batch) for b in cfg.backends}
     profiled = {b: RankTimings(rank, b, cfg.batch) for b in cfg.backends}
     traces: dict[str, str] = {}

@@ -135,7 +135,8 @@ class ContextParallel:
         max_seq = max_seq or self.cfg.max_seq_len
         slots = -(-max_seq // n) + SLOT_MARGIN
         self.model.setup_cache(batch, max_seq, slots)
-        self.table = torch.full((n, slots), NO_POS, dtype=torch.long)
+        self.device = self.model.output.weight.device
+        self.table = torch.full((n, slots), NO_POS, dtype=torch.long, device=self.device)
         self.used = [0] * n  # slots filled, padding included
         self.held = [0] * n  # real tokens held
 
@@ -150,6 +151,7 @@ class ContextParallel:
         q_pos = torch.full((n, width), -1, dtype=torch.long)
         for i, s in enumerate(shards):
             q_pos[i, :len(s)] = s
+        q_pos = q_pos.to(self.device)
         k_pos = torch.where(q_pos < 0, NO_POS, q_pos)
         variant = self.variant
         if variant == "auto":
@@ -163,8 +165,8 @@ class ContextParallel:
             self.table[i, slot0[i]:slot0[i] + width] = k_pos[i]
             self.used[i] += width
             self.held[i] += len(shards[i])
-        local = torch.zeros((b, width), dtype=tokens.dtype)
-        local[:, :len(shards[r])] = tokens[:, shards[r] - start]
+        local = torch.zeros((b, width), dtype=tokens.dtype, device=tokens.device)
+        local[:, :len(shards[r])] = tokens[:, (shards[r] - start).to(tokens.device)]
         self._step = _Prefill(variant, q_pos, slot0)
         h = self.model.hidden(local, q_pos[r])
         gathered = self.comm.all_gather(h.transpose(0, 1).contiguous())  # [N*L, B, dim], rank-major

@@ -49,7 +49,7 @@ class EPDispatch:
         mine = t[lo:hi]
         idx, w = moe.route(mine)
         k = idx.shape[1]
-        token = torch.arange(mine.shape[0]).repeat_interleave(k)
+        token = torch.arange(mine.shape[0], device=t.device).repeat_interleave(k)
         expert = idx.reshape(-1)
         order = torch.argsort(expert, stable=True)  # rows sorted by expert = grouped by owning rank
         per_e = moe.n_experts // n
@@ -57,7 +57,7 @@ class EPDispatch:
         recv_counts = comm.all_to_all(send_counts, [1] * n, [1] * n)  # [n, per_e]: from each rank, per my expert
         in_splits, out_splits = send_counts.sum(1).tolist(), recv_counts.sum(1).tolist()
         got = comm.all_to_all(mine[token[order]], in_splits, out_splits)  # dispatch
-        local = torch.arange(per_e).repeat(n).repeat_interleave(recv_counts.reshape(-1))
+        local = torch.arange(per_e, device=t.device).repeat(n).repeat_interleave(recv_counts.reshape(-1))
         back = comm.all_to_all(moe.expert_ffn(got, local), out_splits, in_splits)  # combine
         y = torch.empty_like(back)
         y[order] = back

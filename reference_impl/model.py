@@ -71,12 +71,13 @@ class KVCache(nn.Module):
     its own, non-contiguous positions, so the causal mask is built from `pos`, not slot order.
     """
 
-    def __init__(self, batch: int, n_kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype):
+    def __init__(self, batch: int, n_kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
         super().__init__()
         shape = (batch, n_kv_heads, slots, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("pos", torch.full((slots,), NO_POS, dtype=torch.long), persistent=False)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("pos", torch.full((slots,), NO_POS, dtype=torch.long, device=device), persistent=False)
         self.used = 0
 
     def write(self, slot: int, k: Tensor, v: Tensor, pos: Tensor | None = None) -> None:
@@ -182,17 +183,18 @@ class Transformer(nn.Module):
         (fewer than `max_seq` when context parallelism shards the cache).
         """
         max_seq = max_seq or self.cfg.max_seq_len
-        dtype = self.output.weight.dtype
+        dtype, device = self.output.weight.dtype, self.output.weight.device
         for layer in self.layers:
             a = layer.attention
-            a.kv_cache = KVCache(batch, a.n_kv_heads, slots or max_seq, a.head_dim, dtype)
-        self._rope = rope_cache(self.cfg, max_seq, dtype)
+            a.kv_cache = KVCache(batch, a.n_kv_heads, slots or max_seq, a.head_dim, dtype, device)
+        cos, sin = rope_cache(self.cfg, max_seq, dtype)
+        self._rope = (cos.to(device), sin.to(device))
 
     def hidden(self, tokens: Tensor, pos: Tensor | int) -> Tensor:
         """Final-norm hidden states for `tokens` at positions `pos` (a start offset or one per token)."""
         assert self._rope is not None, "call setup_cache() first"
         if isinstance(pos, int):
-            pos = torch.arange(pos, pos + tokens.shape[1])
+            pos = torch.arange(pos, pos + tokens.shape[1], device=tokens.device)
         rp = pos.clamp(0, self._rope[0].shape[0] - 1)  # padding tokens carry out-of-range positions
         cos, sin = self._rope[0][rp], self._rope[1][rp]
         x = self.tok_embeddings(tokens)
@@ -212,8 +214,11 @@ class Transformer(nn.Module):
         return self(token.view(-1, 1), pos)
 
 
-def build_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> Transformer:
-    """Seeded random weights (std 0.02 like GPT-2/Llama init) so every rank builds the same model."""
+def build_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> Transformer:
+    """Seeded random weights (std 0.02 like GPT-2/Llama init) so every rank builds the same model.
+
+    Drawn on the CPU (the same numbers on any device), then moved to `device`."""
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -224,7 +229,7 @@ def build_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.floa
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
-    return model.to(dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def greedy_generate(model: Transformer, prompt: Tensor, steps: int) -> tuple[Tensor, Tensor]:

@@ -25,7 +25,7 @@ def local_dispatch(moe: MoE, t: Tensor) -> Tensor:
     """All experts on this process: route, run, weight, add the shared expert, reduce (TP)."""
     idx, w = moe.route(t)
     k = idx.shape[1]
-    token = torch.arange(t.shape[0]).repeat_interleave(k)
+    token = torch.arange(t.shape[0], device=t.device).repeat_interleave(k)
     y = moe.expert_ffn(t[token], idx.reshape(-1) - moe.first_expert)
     routed = torch.zeros_like(t).index_add_(0, token, y * w.reshape(-1, 1))
     return moe.reduce(routed + moe.shared(t))

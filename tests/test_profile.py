@@ -200,3 +200,12 @@ def test_relative_out_directory(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "rel" / "run" / "rank1.trace.json.gz").exists()
+
+
+def test_device_cuda_without_a_gpu_is_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: --device cuda is valid here")
+    r = run_cli("profile", *FAST, "--device", "cuda", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "sees no CUDA/ROCm device" in r.stderr and "Traceback" not in r.stderr
