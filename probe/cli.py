@@ -339,6 +339,8 @@ def plan(
     cached_len: int = typer.Option(0, help="Tokens already in the KV cache (multi-turn prefill)."),
     allreduce: str = typer.Option("ring", help="TP allreduce algorithm: ring (NCCL/RCCL), dda, dda-oneshot, dda-twoshot."),
     cp_variant: str = typer.Option("auto", help="CP prefill: auto, pass-kv, pass-q."),
+    overlap_all_to_all: bool = typer.Option(False, help="EP dispatch/combine hidden behind expert compute."),
+    expert_imbalance: float = typer.Option(1.0, help="Rows the busiest EP rank's experts get over the mean (router skew)."),
     what_if: str | None = typer.Option(None, help="Alternatives, e.g. 'allreduce=dda|x0.5, all_to_all=overlap, tp=4,8,16'."),
     sort: str = typer.Option("ttit", help="Sort the what-if table by ttit or ttft."),
     json_out: bool = typer.Option(False, "--json", help="Print the prediction(s) as JSON."),
@@ -364,7 +366,11 @@ def plan(
     try:
         hw = load_hardware(hardware)
         w = Workload(get_preset(model), batch=batch, prompt_len=prompt_len, cached_len=cached_len)
-        lay, opt = Layout(tp, cp, ep), Options(allreduce=allreduce, cp_variant=cp_variant)
+        if expert_imbalance < 1.0:
+            raise ValueError("--expert-imbalance must be >= 1 (the busiest rank gets at least the mean)")
+        lay = Layout(tp, cp, ep)
+        opt = Options(allreduce=allreduce, cp_variant=cp_variant, overlap_all_to_all=overlap_all_to_all,
+                      expert_imbalance=expert_imbalance)
         base = predict(w, lay, hw, opt)
         rows, skipped = alternatives(w, lay, hw, opt, what_if) if what_if else ([], [])
     except (PlanError, ValueError) as e:
