@@ -117,10 +117,23 @@ def _segments(shown: dict[int, iv.Intervals], spans: list[tuple[float, float]]) 
     lo, hi = spans[k]
     out = {}
     for code, ivs in shown.items():
-        s, e = iv.clip(ivs, lo, hi)
+        s, e = _coarsen(*iv.clip(ivs, lo, hi), MAX_SEGMENTS)
         if len(s):
-            out[CATEGORIES[code]] = [[float(a - lo), float(b - lo)] for a, b in zip(s[:MAX_SEGMENTS], e[:MAX_SEGMENTS])]
+            out[CATEGORIES[code]] = [[float(a - lo), float(b - lo)] for a, b in zip(s, e)]
     return {"window": k, "start_us": lo, "dur_us": hi - lo, "by_category": out}
+
+
+def _coarsen(s: np.ndarray, e: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most `most` intervals covering the whole window: the smallest gaps are closed first
+    (a drawing's resolution; the phase totals above are computed from the exact intervals)."""
+    if len(s) <= most:
+        return s, e
+    gaps = s[1:] - e[:-1]
+    cut = np.partition(gaps, len(gaps) - most + 1)[len(gaps) - most + 1]
+    keep = np.flatnonzero(gaps >= cut)[-(most - 1):]  # the largest gaps stay open
+    starts = np.concatenate([s[:1], s[keep + 1]])
+    ends = np.concatenate([e[keep], e[-1:]])
+    return starts, ends
 
 
 def comm_comp_overlap(trace: Trace, cls: Classified, window: tuple[float, float] | None = None) -> dict:

@@ -264,3 +264,18 @@ def test_clock_offset_between_hosts_is_corrected_by_collective_end(tmp_path):
     assert aligned["collectives"]["straggler"] == 1
     assert aligned["collectives"]["ranks"][0]["wait_us"] == pytest.approx(150)
     assert aligned["collectives"]["offsets_us"]["1"] == pytest.approx(-10_000)
+
+
+def test_timeline_segments_cover_the_window_when_coarsened():
+    """More intervals than a drawing keeps: the smallest gaps close, the window's ends stay."""
+    import numpy as np
+
+    from analyzers.attribution import _coarsen
+
+    s = np.arange(0, 10_000, 10.0)
+    e = s + 3 + np.arange(1000) % 7  # gaps of 1..7 µs
+    a, b = _coarsen(s, e, 500)
+    assert len(a) == 500 and a[0] == 0 and b[-1] == e[-1]
+    assert (b > a).all() and (a[1:] >= b[:-1]).all()
+    assert (b - a).sum() >= (e - s).sum()  # nothing dropped, only gaps filled
+    assert _coarsen(s[:10], e[:10], 500)[0] is not None and len(_coarsen(s[:10], e[:10], 500)[0]) == 10
