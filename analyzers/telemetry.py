@@ -23,6 +23,16 @@ def read_series(path: Path, origin_ns: int) -> dict:
     series: dict[str, dict] = {}
     bad = n = 0
     prev_ctx: dict[str, tuple[float, int]] = {}
+    prev_bytes: dict[str, tuple[float, float]] = {}
+
+    def rate(label: str, t: float, total_bytes) -> None:
+        """A cumulative byte counter as GB/s between successive samples."""
+        if not isinstance(total_bytes, (int, float)):
+            return
+        if label in prev_bytes and t > prev_bytes[label][0] and total_bytes >= prev_bytes[label][1]:
+            t0, b0 = prev_bytes[label]
+            add(label, "GB/s", t, (total_bytes - b0) / ((t - t0) * 1e3))
+        prev_bytes[label] = (t, total_bytes)
 
     def add(label: str, unit: str, t: float, v) -> None:
         if isinstance(v, (int, float)):
@@ -66,9 +76,18 @@ def read_series(path: Path, origin_ns: int) -> dict:
                     add(f"GPU {g} SM utilization", "%", t, d.get("sm_util_pct"))
                     add(f"GPU {g} memory utilization", "%", t, d.get("mem_util_pct"))
                     add(f"GPU {g} power", "W", t, d.get("power_w"))
+                    for key, what in (("pcie_tx_kBps", "PCIe TX"), ("pcie_rx_kBps", "PCIe RX")):
+                        v = d.get(key)
+                        add(f"GPU {g} {what}", "GB/s", t, v / 1e6 if isinstance(v, (int, float)) else None)
+                    for key, what in (("nvlink_tx_KiB", "NVLink TX"), ("nvlink_rx_KiB", "NVLink RX")):
+                        v = d.get(key)
+                        rate(f"GPU {g} {what}", t, v * 1024 if isinstance(v, (int, float)) else None)
                 else:
                     act = d.get("activity") if isinstance(d.get("activity"), dict) else {}
                     add(f"GPU {g} activity", "%", t, act.get("gfx_activity"))
+                    for key, what in (("xgmi_read_KB", "XGMI read"), ("xgmi_write_KB", "XGMI write")):
+                        v = d.get(key)
+                        rate(f"GPU {g} {what}", t, v * 1000 if isinstance(v, (int, float)) else None)
     for s in series.values():
         k = len(s["t_us"])
         if k > MAX_POINTS:

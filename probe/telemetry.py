@@ -97,8 +97,24 @@ class NvmlSource:
             }
             mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
             d["mem_used_bytes"] = getattr(mem, "used", None)
+            d["nvlink_tx_KiB"], d["nvlink_rx_KiB"] = self._nvlink(h)
             devs.append(d)
         return {"devices": devs}
+
+    def _nvlink(self, h) -> tuple[int | None, int | None]:
+        """Cumulative NVLink data sent/received (KiB, all links) through NVML field values; rates
+        are derived from successive samples by the analyzers. None where the driver has no such field."""
+        nv = self.nv
+        ids = [getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None),
+               getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None)]
+        if None in ids or not hasattr(nv, "nvmlDeviceGetFieldValues"):
+            return None, None
+        vals = self._try(nv.nvmlDeviceGetFieldValues, h, ids)
+        out = []
+        for v in (vals or [None, None])[:2]:
+            ok = v is not None and getattr(v, "nvmlReturn", 0) == 0
+            out.append(int(v.value.ullVal) if ok and hasattr(v, "value") else None)
+        return out[0], out[1]
 
     def close(self) -> None:
         try:
@@ -129,8 +145,22 @@ class AmdSource:
                     d[key] = fn(h)
                 except Exception:
                     d[key] = None
+            d["xgmi_read_KB"], d["xgmi_write_KB"] = self._xgmi(h)
             devs.append(d)
         return {"devices": devs}
+
+    def _xgmi(self, h) -> tuple[int | None, int | None]:
+        """Cumulative XGMI data read/written (KB, summed over links) from the GPU metrics table."""
+        try:
+            m = self.smi.amdsmi_get_gpu_metrics_info(h)
+        except Exception:  # no metrics table on this device or driver
+            return None, None
+
+        def total(key: str) -> int | None:
+            vals = [v for v in (m.get(key) or []) if isinstance(v, int)] if isinstance(m, dict) else []
+            return sum(vals) if vals else None
+
+        return total("xgmi_read_data_acc"), total("xgmi_write_data_acc")
 
     def close(self) -> None:
         try:

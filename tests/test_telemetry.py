@@ -7,6 +7,8 @@ import time
 import types
 from types import SimpleNamespace
 
+import pytest
+
 from probe.telemetry import NvmlSource, TelemetrySampler, _open_vendor_sources
 
 
@@ -58,11 +60,35 @@ def test_nvml_source_reads_what_the_driver_reports(monkeypatch):
         nvmlDeviceGetClockInfo=lambda h, k: 1980 if k == 0 else 2619,
         nvmlDeviceGetPcieThroughput=lambda h, k: (_ for _ in ()).throw(RuntimeError("not supported")),
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=123),
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139,
+        nvmlDeviceGetFieldValues=lambda h, ids: [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=4096)),
+                                                 SimpleNamespace(nvmlReturn=3, value=SimpleNamespace(ullVal=0))],
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     d = NvmlSource().sample()["devices"][0]
     assert (d["sm_util_pct"], d["mem_util_pct"], d["power_w"], d["sm_clock_mhz"]) == (87, 41, 612.0, 1980)
     assert d["pcie_tx_kBps"] is None  # a metric the driver does not report is null, not an error
+    assert (d["nvlink_tx_KiB"], d["nvlink_rx_KiB"]) == (4096, None)  # RX field: NVML_ERROR_NOT_SUPPORTED
+
+
+def test_link_counters_become_rates_on_the_trace_clock(tmp_path):
+    """Cumulative NVLink (KiB) and XGMI (KB) counters turn into GB/s between samples."""
+    from analyzers.telemetry import read_series
+
+    f = tmp_path / "t.jsonl"
+    base = 1_700_000_000_000_000_000
+    rows = [{"t_ns": base + k * 500_000_000, "source": "nvidia",
+             "devices": [{"gpu": 0, "sm_util_pct": 50, "nvlink_tx_KiB": k * 1_000_000, "nvlink_rx_KiB": None,
+                          "pcie_tx_kBps": 2_000_000}]} for k in range(3)]
+    rows += [{"t_ns": base + k * 1_000_000_000, "source": "amd",
+              "devices": [{"gpu": 1, "activity": {"gfx_activity": 70}, "xgmi_read_KB": k * 5_000_000}]} for k in range(2)]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    got = read_series(f, base)
+    tx = got["series"]["GPU 0 NVLink TX"]
+    assert tx["unit"] == "GB/s" and tx["t_us"] == [500_000.0, 1_000_000.0]
+    assert tx["v"] == [pytest.approx(1_000_000 * 1024 / 0.5 / 1e9)] * 2  # 2.048 GB/s
+    assert "GPU 0 NVLink RX" not in got["series"] and got["series"]["GPU 0 PCIe TX"]["v"][0] == 2.0
+    assert got["series"]["GPU 1 XGMI read"]["v"] == [pytest.approx(5.0)] and got["errors"] == 1
 
 
 def test_a_failing_source_never_reaches_the_workload(tmp_path):
