@@ -92,13 +92,20 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
         lo = np.array([a for a, _ in spans])
         hi = np.array([b for _, b in spans])
         e2e = float(np.sum(hi - lo))
-        cats = {}
+        cats, per_window = {}, {}
         for code in (COMPUTE, *COMM_CODES, MEMCPY, OTHER):
             total = float(iv.covered(unions[code], lo, hi).sum())
-            exposed = total if code in (COMPUTE, OTHER) else float(iv.covered(exposed_base[code], lo, hi).sum())
+            if code in (COMPUTE, OTHER):
+                exposed = total
+            else:
+                w = iv.covered(exposed_base[code], lo, hi)
+                exposed = float(w.sum())
+                if code in COMM_CODES:
+                    per_window[CATEGORIES[code]] = _thin_shares(w / np.maximum(hi - lo, 1e-9))
             cats[CATEGORIES[code]] = {"total_us": total, "exposed_us": exposed}
         busy = float(iv.covered(unions[MARKER], lo, hi).sum())
-        phases[phase] = {"windows": len(spans), "e2e_us": e2e, "idle_us": max(0.0, e2e - busy), "categories": cats}
+        phases[phase] = {"windows": len(spans), "e2e_us": e2e, "idle_us": max(0.0, e2e - busy), "categories": cats,
+                         "window_exposed_share": per_window}
     shown = {c: (unions[c] if c in (COMPUTE, OTHER) else exposed_base[c]) for c in (COMPUTE, *COMM_CODES, MEMCPY, OTHER)}
     return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases,
             "windows": {ph: [[a, b] for a, b in sp[:MAX_WINDOWS]] for ph, sp in wins.items()},
@@ -106,6 +113,14 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
 
 
 MAX_WINDOWS = 2000  # window spans kept per phase (for aligning telemetry); counts cover all of them
+MAX_SHARE_SAMPLES = 256  # per-window exposed shares kept per category (the regression gate's samples)
+
+
+def _thin_shares(x: np.ndarray) -> list[float]:
+    """At most MAX_SHARE_SAMPLES of the per-window shares, evenly spaced in window order."""
+    if len(x) > MAX_SHARE_SAMPLES:
+        x = x[np.linspace(0, len(x) - 1, MAX_SHARE_SAMPLES).round().astype(int)]
+    return [round(float(v), 6) for v in x]
 MAX_SEGMENTS = 500  # intervals kept per category in a timeline window
 
 

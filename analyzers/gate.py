@@ -255,6 +255,23 @@ def collective_metrics(analysis: dict, prefix: str = "") -> dict[str, Metric]:
     return out
 
 
+def exposure_metrics(analysis: dict, prefix: str = "") -> dict[str, Metric]:
+    """Exposed communication share per phase and axis from the traces, one sample per window
+    (mean over ranks): on a GPU this is the exposure that counts (kernels not overlapped by
+    compute), where the ranks' blocked host time does not see asynchronous NCCL."""
+    out = {}
+    phases = {ph for r in analysis.get("ranks") or [] for ph in r.get("phases", {})}
+    for phase in sorted(phases):
+        rows = [r["phases"][phase].get("window_exposed_share") or {} for r in analysis["ranks"] if phase in r["phases"]]
+        for cat in sorted(set.intersection(*(set(x) for x in rows)) if rows else set()):
+            axis = {"tp_allreduce": "tp", "cp_ring": "cp", "ep_all_to_all": "ep"}.get(cat, "other")
+            samples = _per_sample([x[cat] for x in rows], lambda xs: sum(xs) / len(xs))
+            if any(samples):
+                name = f"{prefix}exposed_share/{phase}/{axis}"
+                out[name] = Metric(name, "share", "fraction", samples)
+    return out
+
+
 def load_metrics(path: str | Path, analyze_traces: bool = True) -> tuple[dict[str, Metric], dict, dict]:
     """(metrics, run context, machine facts) of a run bundle, an analysis JSON, or a baseline."""
     p = Path(path)
@@ -278,7 +295,9 @@ def load_metrics(path: str | Path, analyze_traces: bool = True) -> tuple[dict[st
             if analyze_traces and any(d.glob("rank*.trace.json*")):
                 from .analysis import analyze
 
-                metrics.update(collective_metrics(analyze(str(d)), prefix))
+                result = analyze(str(d))
+                metrics.update(collective_metrics(result, prefix))
+                metrics.update(exposure_metrics(result, prefix))
         return metrics, run_context(manifest), machine_facts(manifest)
     data = _read_json(p)
     schema = str(data.get("schema", ""))
@@ -291,7 +310,7 @@ def load_metrics(path: str | Path, analyze_traces: bool = True) -> tuple[dict[st
         return metrics, data.get("context") or {}, data.get("machine") or {}
     if schema.startswith("commprobe.analysis/"):
         manifest = data.get("manifest") or {}
-        return collective_metrics(data), run_context(manifest), machine_facts(manifest)
+        return {**collective_metrics(data), **exposure_metrics(data)}, run_context(manifest), machine_facts(manifest)
     if schema.startswith("commprobe."):
         raise GateInputError(f"{p}: schema {schema!r} cannot be gated (expected a bundle, an analysis or {SCHEMA})")
     raise GateInputError(f"{p}: not a commprobe bundle, analysis or baseline (schema {schema or 'missing'})")

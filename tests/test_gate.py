@@ -110,6 +110,7 @@ def test_injected_slowdown_is_caught_and_reported_in_every_format(runs):
     status = {m["name"]: m for m in res["metrics"]}
     assert status["ttit_ms"]["status"] == "regression" and status["ttit_ms"]["change"] > 1.5  # + 4 ms per step
     assert status["decode_comm_share/tp"]["status"] == "regression"
+    assert status["exposed_share/decode/tp"]["status"] == "regression"  # from the traces, per decode window
     assert "REGRESSION" in md.read_text() and "| `ttit_ms` |" in md.read_text()
     suite = ET.parse(junit).getroot()
     assert suite.tag == "testsuite" and int(suite.get("failures")) >= 2
