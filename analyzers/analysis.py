@@ -27,14 +27,21 @@ LABEL = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention", "ep_all
 IDLE_BOUND = 0.5
 
 
-def _bundle_manifest(path: Path) -> dict | None:
+def _read_manifest(path: Path) -> dict | None:
+    """A bundle directory's manifest.json, or None when `path` is not a bundle."""
     m = path / "manifest.json" if path.is_dir() else None
     if m is None or not m.exists():
         return None
     try:
-        doc = json.loads(m.read_text())
-    except json.JSONDecodeError as e:
+        return json.loads(m.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(f"{m}: unreadable manifest ({e})") from None
+
+
+def _bundle_manifest(path: Path) -> dict | None:
+    doc = _read_manifest(path)
+    if doc is None:
+        return None
     if doc.get("sub_bundles"):
         subs = ", ".join(doc["sub_bundles"])
         raise TraceError(f"{path} holds one bundle per backend ({subs}): analyze one of them, "
@@ -220,13 +227,7 @@ def _recommend(phase, shares, idle, device, threshold, matched, buckets) -> list
 def analyze_backends(path: str | Path) -> dict[str, dict] | None:
     """A bundle with one sub-bundle per backend: {backend: analysis}, in the run's order; else None."""
     p = Path(path)
-    m = p / "manifest.json"
-    if not (p.is_dir() and m.exists()):
-        return None
-    try:
-        subs = json.loads(m.read_text()).get("sub_bundles") or {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{m}: unreadable manifest ({e})") from None
+    subs = (_read_manifest(p) or {}).get("sub_bundles") or {}
     return {b: analyze(p / d) for b, d in subs.items()} or None
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import intervals as iv
 from .classify import CATEGORIES, COMM_CODES, COMPUTE, MARKER, MEMCPY, OTHER, Classified
+from .collectives import thin
 from .trace import Trace
 
 _PHASE = re.compile(r"^commprobe/(prefill|decode)")
@@ -101,7 +102,7 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
                 w = iv.covered(exposed_base[code], lo, hi)
                 exposed = float(w.sum())
                 if code in COMM_CODES:
-                    per_window[CATEGORIES[code]] = _thin_shares(w / np.maximum(hi - lo, 1e-9))
+                    per_window[CATEGORIES[code]] = thin(w / np.maximum(hi - lo, 1e-9), MAX_SHARE_SAMPLES, 6)
             cats[CATEGORIES[code]] = {"total_us": total, "exposed_us": exposed}
         busy = float(iv.covered(unions[MARKER], lo, hi).sum())
         phases[phase] = {"windows": len(spans), "e2e_us": e2e, "idle_us": max(0.0, e2e - busy), "categories": cats,
@@ -114,13 +115,6 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
 
 MAX_WINDOWS = 2000  # window spans kept per phase (for aligning telemetry); counts cover all of them
 MAX_SHARE_SAMPLES = 256  # per-window exposed shares kept per category (the regression gate's samples)
-
-
-def _thin_shares(x: np.ndarray) -> list[float]:
-    """At most MAX_SHARE_SAMPLES of the per-window shares, evenly spaced in window order."""
-    if len(x) > MAX_SHARE_SAMPLES:
-        x = x[np.linspace(0, len(x) - 1, MAX_SHARE_SAMPLES).round().astype(int)]
-    return [round(float(v), 6) for v in x]
 MAX_SEGMENTS = 500  # intervals kept per category in a timeline window
 
 

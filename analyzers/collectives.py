@@ -118,11 +118,11 @@ def match(calls_by_rank: dict[int, list[Call]], offsets: dict[int, float] | None
 MAX_SAMPLES = 256  # per bucket, kept in the result for the regression gate's statistics
 
 
-def _thin(x: np.ndarray, k: int) -> list[float]:
-    """At most k of the samples, evenly spaced in call order (keeps drift visible, bounds the JSON)."""
+def thin(x: np.ndarray, k: int, digits: int) -> list[float]:
+    """At most k of the samples, evenly spaced in order (keeps drift visible, bounds the JSON)."""
     if len(x) > k:
         x = x[np.linspace(0, len(x) - 1, k).round().astype(int)]
-    return [round(float(v), 3) for v in x]
+    return [round(float(v), digits) for v in x]
 
 
 def size_buckets(calls_by_rank: dict[int, list[Call]], waits: dict) -> list[dict]:
@@ -149,5 +149,5 @@ def size_buckets(calls_by_rank: dict[int, list[Call]], waits: dict) -> list[dict
         rows.append({"op": op, "axis": axis, "category": cat, "bucket_bytes": bucket, "count": len(xs),
                      "median_us": med, "p90_us": float(np.percentile(lats, 90)), "mean_bytes": mean_bytes,
                      "group_size": n, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, n),
-                     "samples_us": _thin(lats, MAX_SAMPLES)})
+                     "samples_us": thin(lats, MAX_SAMPLES, 3)})
     return rows

@@ -38,8 +38,12 @@ def cli(*args: str) -> str:
     return r.stdout
 
 
+def run_name(preset: str, layout: dict) -> str:
+    return preset + "-" + "-".join(f"{k}{v}" for k, v in layout.items())
+
+
 def profile(tmp: Path, preset: str, layout: dict, args) -> Path:
-    name = preset + "-" + "-".join(f"{k}{v}" for k, v in layout.items())
+    name = run_name(preset, layout)
     out = tmp / name
     flags = [x for k, v in layout.items() for x in (f"--{k}", str(v))]
     cli("profile", "--preset", preset, *flags, "--backend", args.backend, "--prompt-len", str(args.prompt_len),
@@ -68,7 +72,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     rows = []
     for p, lay in CALIB + VALIDATE:
-        path = profile(tmp, p, lay, args) if (p, lay) in VALIDATE else tmp / (p + "-" + "-".join(f"{k}{v}" for k, v in lay.items()))
+        path = profile(tmp, p, lay, args) if (p, lay) in VALIDATE else tmp / run_name(p, lay)
         run = read_run(path)
         pred = predict(workload_of(run), run["layout"], hw, options_of(run))
         e1 = pred.ttft_ms / run["ttft_ms"] - 1

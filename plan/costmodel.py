@@ -42,6 +42,7 @@ from reference_impl.cp_variant import choose_variant  # the rule the reference i
 from .hardware import Hardware, Link, PlanError
 
 AXES = ("tp", "cp", "ep")
+ALLREDUCE_ALGORITHMS = ("ring", "dda", "dda-oneshot", "dda-twoshot")
 
 
 @dataclass(frozen=True)
@@ -241,8 +242,7 @@ def _phase(w: Workload, lay: Layout, hw: Hardware, opt: Options, decode: bool) -
     head_tokens = b * w.prompt_len if (w.full_logits and not decode) else b
     work.add("head", 2 * head_tokens * m.dim * m.vocab_size, m.dim * m.vocab_size * e)
     # communication per layer
-    alg = "ring" if opt.allreduce == "ring" else opt.allreduce
-    tp_ar = 2 * allreduce_us(tp, new * m.dim * e, link["tp"], alg) * opt.allreduce_scale
+    tp_ar = 2 * allreduce_us(tp, new * m.dim * e, link["tp"], opt.allreduce) * opt.allreduce_scale
     cp_total = cp_exposed = 0.0
     c = PhaseCost()
     if cp > 1:

@@ -14,7 +14,9 @@ import itertools
 import re
 from dataclasses import replace
 
-from .costmodel import Layout, Options, Prediction, Workload, predict
+from reference_impl.cp_variant import VARIANTS
+
+from .costmodel import ALLREDUCE_ALGORITHMS, Layout, Options, Prediction, Workload, predict
 from .hardware import Hardware, PlanError
 
 KEYS = ("allreduce", "all_to_all", "cp_variant", "expert_imbalance", "tp", "cp", "ep", "batch", "prompt_len")
@@ -41,7 +43,7 @@ def _apply(w: Workload, lay: Layout, opt: Options, key: str, val: str) -> tuple[
         if key == "allreduce":
             if val.startswith("x"):
                 return w, lay, replace(opt, allreduce_scale=float(val[1:]))
-            if val not in ("ring", "dda", "dda-oneshot", "dda-twoshot"):
+            if val not in ALLREDUCE_ALGORITHMS:
                 raise PlanError(f"--what-if allreduce={val}: ring, dda, dda-oneshot, dda-twoshot or xF")
             return w, lay, replace(opt, allreduce=val)
         if key == "all_to_all":
@@ -49,7 +51,7 @@ def _apply(w: Workload, lay: Layout, opt: Options, key: str, val: str) -> tuple[
                 raise PlanError(f"--what-if all_to_all={val}: overlap or exposed")
             return w, lay, replace(opt, overlap_all_to_all=val == "overlap")
         if key == "cp_variant":
-            if val not in ("auto", "pass-kv", "pass-q"):
+            if val not in VARIANTS:
                 raise PlanError(f"--what-if cp_variant={val}: auto, pass-kv or pass-q")
             return w, lay, replace(opt, cp_variant=val)
         if key == "expert_imbalance":

@@ -350,15 +350,16 @@ def plan(
         return
     import json
 
-    from plan.costmodel import Layout, Options, Workload, predict
+    from plan.costmodel import ALLREDUCE_ALGORITHMS, Layout, Options, Workload, predict
     from plan.hardware import PlanError, load_hardware
     from plan.whatif import alternatives
     from reference_impl.config import get_preset
+    from reference_impl.cp_variant import VARIANTS
     from reports.plan import render_prediction, render_whatif
 
     if sort not in ("ttit", "ttft"):
         fail("--sort must be ttit or ttft")
-    if allreduce not in ("ring", "dda", "dda-oneshot", "dda-twoshot") or cp_variant not in ("auto", "pass-kv", "pass-q"):
+    if allreduce not in ALLREDUCE_ALGORITHMS or cp_variant not in VARIANTS:
         fail("--allreduce: ring, dda, dda-oneshot, dda-twoshot; --cp-variant: auto, pass-kv, pass-q")
     for name, v in (("--batch", batch), ("--prompt-len", prompt_len)):
         if v < 1:

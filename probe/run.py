@@ -97,15 +97,18 @@ class TimedComm:
     def send_recv(self, x: torch.Tensor, dst: int, src: int) -> torch.Tensor:
         return self._timed(self.inner.send_recv, x, dst, src)
 
-    def send_recv_start(self, x: torch.Tensor, dst: int, src: int):
-        pending = self._timed(self.inner.send_recv_start, x, dst, src)
-        timed = self
+    def send_recv_start(self, x: torch.Tensor, dst: int, src: int) -> "_TimedWait":
+        return _TimedWait(self, self._timed(self.inner.send_recv_start, x, dst, src))
 
-        class _Wait:
-            def wait(self):
-                return timed._timed(pending.wait)
 
-        return _Wait()
+class _TimedWait:
+    """An in-flight ring step whose wait adds to its TimedComm's time."""
+
+    def __init__(self, comm: TimedComm, pending):
+        self.comm, self.pending = comm, pending
+
+    def wait(self) -> torch.Tensor:
+        return self.comm._timed(self.pending.wait)
 
 
 @dataclass

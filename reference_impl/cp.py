@@ -48,10 +48,9 @@ from torch import Tensor
 
 from collectives.comm import Comm
 
-from .cp_variant import choose_variant
+from .cp_variant import VARIANTS, choose_variant
 from .model import NO_POS, Attention, Transformer, repeat_kv
 
-VARIANTS = ("auto", "pass-kv", "pass-q")
 SLOT_MARGIN = 64  # padding slots per rank for prefills whose length is not a multiple of 2N
 
 

@@ -7,6 +7,8 @@ moves less when P x H < 2 (T + P) x H_kv, i.e. P / (T + P) < 2 H_kv / H.
 
 from __future__ import annotations
 
+VARIANTS = ("auto", "pass-kv", "pass-q")
+
 
 def choose_variant(cached: int, new: int, n_heads: int, n_kv_heads: int) -> str:
     """pass-Q when P / (T + P) < 2 * H_kv / H, else pass-KV (always on a cold cache)."""

@@ -61,8 +61,7 @@ class EPDispatch:
         back = comm.all_to_all(moe.expert_ffn(got, local), out_splits, in_splits)  # combine
         y = torch.empty_like(back)
         y[order] = back
-        routed = torch.zeros_like(mine).index_add_(0, token, y * w.reshape(-1, 1))
-        out = moe.reduce(routed + moe.shared(mine))
+        out = moe.combine(mine, token, y, w)
         padded = out.new_zeros((per_rank, d))
         padded[:out.shape[0]] = out
         return comm.all_gather(padded)[:total]

@@ -26,9 +26,7 @@ def local_dispatch(moe: MoE, t: Tensor) -> Tensor:
     idx, w = moe.route(t)
     k = idx.shape[1]
     token = torch.arange(t.shape[0], device=t.device).repeat_interleave(k)
-    y = moe.expert_ffn(t[token], idx.reshape(-1) - moe.first_expert)
-    routed = torch.zeros_like(t).index_add_(0, token, y * w.reshape(-1, 1))
-    return moe.reduce(routed + moe.shared(t))
+    return moe.combine(t, token, moe.expert_ffn(t[token], idx.reshape(-1) - moe.first_expert), w)
 
 
 class MoE(nn.Module):
@@ -49,6 +47,12 @@ class MoE(nn.Module):
         """Top-k expert ids [T, k] and their gates [T, k] for tokens t [T, dim]."""
         scores, idx = self.router(t).topk(self.top_k, dim=-1)
         return idx, torch.sigmoid(scores)
+
+    def combine(self, t: Tensor, token: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        """Gate-weighted expert outputs y (one row per (token, choice)) summed per token of t, plus
+        the shared expert, reduced over TP."""
+        routed = torch.zeros_like(t).index_add_(0, token, y * w.reshape(-1, 1))
+        return self.reduce(routed + self.shared(t))
 
     def expert_ffn(self, rows: Tensor, local_expert: Tensor) -> Tensor:
         """Row i through held expert local_expert[i]; rows are grouped by expert so each runs one matmul."""

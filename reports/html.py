@@ -48,18 +48,25 @@ def breakdown_figure(result: dict) -> go.Figure:
     return fig
 
 
-def sizes_figure(result: dict) -> go.Figure:
+def _sizes_figure(by_label: dict[str, dict], title: str, height: int) -> go.Figure:
+    """Median latency (solid) and busbw (dotted) per op and message-size bucket, one line per label
+    (a backend, or "" for a single analysis), on log axes."""
     fig = go.Figure()
-    for op in sorted({b["op"] for b in result["message_sizes"]}):
-        bs = [b for b in result["message_sizes"] if b["op"] == op]
-        fig.add_scatter(name=f"{op} latency", x=[b["bucket_bytes"] for b in bs], y=[b["median_us"] for b in bs],
-                        mode="lines+markers")
-        fig.add_scatter(name=f"{op} busbw", x=[b["bucket_bytes"] for b in bs], y=[b["busbw_GBps"] for b in bs],
-                        mode="lines+markers", yaxis="y2", line={"dash": "dot"})
-    fig.update_layout(title="Collective latency and busbw by message size", xaxis={"type": "log", "title": "bytes"},
-                      yaxis={"type": "log", "title": "median µs"},
-                      yaxis2={"type": "log", "title": "busbw GB/s", "overlaying": "y", "side": "right"}, height=420)
+    for label, res in by_label.items():
+        prefix = f"{label} " if label else ""
+        for op in sorted({b["op"] for b in res["message_sizes"]}):
+            bs = sorted((b for b in res["message_sizes"] if b["op"] == op), key=lambda b: b["bucket_bytes"])
+            fig.add_scatter(name=f"{prefix}{op} latency", x=[b["bucket_bytes"] for b in bs],
+                            y=[b["median_us"] for b in bs], mode="lines+markers")
+            fig.add_scatter(name=f"{prefix}{op} busbw", x=[b["bucket_bytes"] for b in bs],
+                            y=[b["busbw_GBps"] for b in bs], mode="lines+markers", yaxis="y2", line={"dash": "dot"})
+    fig.update_layout(title=title, xaxis={"type": "log", "title": "bytes"}, yaxis={"type": "log", "title": "median µs"},
+                      yaxis2={"type": "log", "title": "busbw GB/s", "overlaying": "y", "side": "right"}, height=height)
     return fig
+
+
+def sizes_figure(result: dict) -> go.Figure:
+    return _sizes_figure({"": result}, "Collective latency and busbw by message size", 420)
 
 
 def timeline_figure(result: dict, phase: str) -> go.Figure | None:
@@ -85,21 +92,10 @@ def timeline_figure(result: dict, phase: str) -> go.Figure | None:
 
 
 def backends_figure(by_backend: dict[str, dict]) -> go.Figure | None:
-    """Collective latency and busbw by message size, one line per backend and op (log axes)."""
+    """The same per backend (gloo vs DDA, NCCL vs DDA): a run with two or more backends."""
     if len(by_backend) < 2 or not any(r["message_sizes"] for r in by_backend.values()):
         return None
-    fig = go.Figure()
-    for backend, res in by_backend.items():
-        for op in sorted({b["op"] for b in res["message_sizes"]}):
-            bs = sorted((b for b in res["message_sizes"] if b["op"] == op), key=lambda b: b["bucket_bytes"])
-            fig.add_scatter(name=f"{backend} {op} latency", x=[b["bucket_bytes"] for b in bs],
-                            y=[b["median_us"] for b in bs], mode="lines+markers")
-            fig.add_scatter(name=f"{backend} {op} busbw", x=[b["bucket_bytes"] for b in bs],
-                            y=[b["busbw_GBps"] for b in bs], mode="lines+markers", yaxis="y2", line={"dash": "dot"})
-    fig.update_layout(title="Collective latency (solid) and busbw (dotted) by message size, per backend",
-                      xaxis={"type": "log", "title": "bytes"}, yaxis={"type": "log", "title": "median µs"},
-                      yaxis2={"type": "log", "title": "busbw GB/s", "overlaying": "y", "side": "right"}, height=460)
-    return fig
+    return _sizes_figure(by_backend, "Collective latency (solid) and busbw (dotted) by message size, per backend", 460)
 
 
 def telemetry_figure(result: dict) -> go.Figure | None:
