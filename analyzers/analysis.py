@@ -82,9 +82,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     origin = min(origins.values())
     for r, cs in calls.items():  # one clock for the run: the earliest rank's base
         shift = (origins[r] - origin) / 1000.0
-        for c in cs:
-            c.start += shift
-            c.end += shift
+        cs.start += shift
+        cs.end += shift
     for rk in ranks:  # windows and timelines on the run's clock too (µs since `origin_ns`)
         shift = (origins[rk["rank"]] - origin) / 1000.0
         rk["windows"] = {ph: [[a + shift, b + shift] for a, b in sp] for ph, sp in rk["windows"].items()}
@@ -130,13 +129,16 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict) -> None:
                 continue
             lo = np.array([a for a, _ in spans])
             hi = np.array([b for _, b in spans])
-            for call in calls.get(r, []):
-                w = waits.get((r, call.key))
-                if not w or w[0] <= 0 or call.category not in cats:
-                    continue
-                k = int(np.searchsorted(lo, call.start, side="right")) - 1
-                if k >= 0 and call.start < hi[k]:
-                    cats[call.category]["exposed_wait_us"] += w[0]
+            rc = calls.get(r)
+            if rc is None or not len(rc) or r not in waits:
+                continue
+            k = np.searchsorted(lo, rc.start, side="right") - 1
+            inside = (k >= 0) & (rc.start < hi[np.maximum(k, 0)]) & (waits[r][0] > 0)  # NaN (unmatched) is not > 0
+            cat = rc.category()
+            for name in COMM_CATS:
+                sel = inside & (cat == name)
+                if sel.any():
+                    cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
             for c in COMM_CATS:
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 

@@ -205,9 +205,9 @@ class Classified:
 
     category: np.ndarray  # int8 codes
     comm_bytes: np.ndarray  # float64, NaN when unknown
-    comm_op: list  # per event: op string for comm events, else None (list: few comm events per trace)
-    comm_axis: list
-    comm_group: list  # process group key (name or size) for cross-rank matching, None if unknown
+    comm_op: np.ndarray  # object: op string for communication events, else None
+    comm_axis: np.ndarray  # object
+    comm_group: np.ndarray  # object: process group key (name or size) for cross-rank matching, None if unknown
     group_size: np.ndarray  # int, 0 unknown
     unknown_names: dict[str, int]  # names that fell into "other", with counts
 
@@ -226,49 +226,77 @@ def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None
     return op, axis, size, (str(group) if group is not None else None), int(gsize) if isinstance(gsize, int) else 0
 
 
+def _codes(keys: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(keys, return_inverse=True) for non-negative keys below `space`, in O(n) when the
+    space is small enough for a lookup table (the usual case: names x cats)."""
+    if space > 1 << 24 or not len(keys):
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    present = np.zeros(space, bool)
+    present[keys] = True
+    uniq = np.flatnonzero(present)
+    lut = np.zeros(space, np.int32)
+    lut[uniq] = np.arange(len(uniq), dtype=np.int32)
+    return uniq, lut[keys]
+
+
 def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
+    """Classes by unique (name, cat); communication details by unique (name, cat, args subset)."""
     n = len(trace.ts)
-    name_classes = []
-    cat_names = trace.cats
-    # The category of an event depends on (name, cat): classify unique pairs only.
-    pair = trace.name_id.astype(np.int64) * max(1, len(cat_names)) + trace.cat_id
-    uniq, inverse = np.unique(pair, return_inverse=True)
-    codes = np.empty(len(uniq), np.int8)
-    for i, p in enumerate(uniq):
-        nid, cid = divmod(int(p), max(1, len(cat_names)))
-        c = classify_name(trace.names[nid], cat_names[cid] if cat_names else "", rules)
-        name_classes.append(c)
-        codes[i] = c.category
+    ncat = max(1, len(trace.cats))
+    uniq, inverse = _codes(trace.name_id.astype(np.int64) * ncat + trace.cat_id, len(trace.names) * ncat)
+    name_classes = [classify_name(trace.names[p // ncat], trace.cats[p % ncat] if trace.cats else "", rules)
+                    for p in uniq.tolist()]
+    codes = np.array([c.category for c in name_classes], np.int8)
     category = codes[inverse] if n else np.zeros(0, np.int8)
     comm_bytes = np.full(n, np.nan)
     group_size = np.zeros(n, np.int64)
-    comm_op: list = [None] * n
-    comm_axis: list = [None] * n
-    comm_group: list = [None] * n
-    comm_idx = np.flatnonzero(np.isin(category, COMM_CODES))
-    need = [int(i) for i in comm_idx if name_classes[inverse[i]].needs_args]
-    decoded = dict(zip(need, trace.args_many(need)))  # one decode call for all of them
-    for i in comm_idx:
-        nc = name_classes[inverse[i]]
-        if nc.needs_args:
-            op, axis, size, group, gsize = _args_class(decoded[int(i)], nc)
-            if op is None:
-                continue  # e.g. record_param_comms without a collective name: keep as other_comm
-            category[i] = category_for(op, axis)
-            comm_op[i], comm_axis[i], comm_bytes[i], comm_group[i], group_size[i] = op, axis, size, group, gsize
-        else:
-            comm_op[i], comm_axis[i], comm_bytes[i] = nc.op, nc.axis, nc.bytes
-            m = _OWN_SPAN.match(trace.names[trace.name_id[i]])
-            if m and m.group(5):
-                group_size[i] = int(m.group(5))
-                comm_group[i] = f"{m.group(1)}"
+    comm_op = np.full(n, None, object)
+    comm_axis = np.full(n, None, object)
+    comm_group = np.full(n, None, object)
+    is_comm = np.zeros(len(CATEGORIES), bool)
+    is_comm[list(COMM_CODES)] = True
+    comm_idx = np.flatnonzero(is_comm[category])
+    if len(comm_idx):
+        # One answer per distinct (name class, args subset): events that share both share it.
+        needs = np.array([c.needs_args for c in name_classes], bool)
+        cls_of = inverse[comm_idx].astype(np.int64)
+        row = np.where(needs[cls_of], trace.arg_row[comm_idx], -1).astype(np.int64) + 1
+        combos, combo_of = _codes(cls_of * (len(trace.arg_dicts) + 1) + row, len(uniq) * (len(trace.arg_dicts) + 1))
+        out = [_comm_details(trace, name_classes[c // (len(trace.arg_dicts) + 1)],
+                             uniq[c // (len(trace.arg_dicts) + 1)] // ncat, c % (len(trace.arg_dicts) + 1) - 1)
+               for c in combos.tolist()]
+        keep = np.array([o is not None for o in out], bool)[combo_of]
+        idx, sel = comm_idx[keep], combo_of[keep]
+        out = [o or (OTHER_COMM, None, None, np.nan, None, 0) for o in out]
+        cat_c, op_c, axis_c, bytes_c, group_c, gsize_c = (np.array(col, dtype=object) for col in zip(*out))
+        category[idx] = cat_c.astype(np.int8)[sel]
+        comm_op[idx], comm_axis[idx], comm_group[idx] = op_c[sel], axis_c[sel], group_c[sel]
+        comm_bytes[idx] = bytes_c.astype(np.float64)[sel]
+        group_size[idx] = gsize_c.astype(np.int64)[sel]
     _inherit_own_spans(trace, category, comm_idx, comm_op, comm_axis, comm_bytes)
+    counts = np.bincount(inverse, minlength=len(uniq)) if n else np.zeros(len(uniq), np.int64)
     unknown: dict[str, int] = {}
-    for i, c in enumerate(name_classes):
+    for k, c in enumerate(name_classes):
         if c.category == OTHER:
-            nid, _ = divmod(int(uniq[i]), max(1, len(cat_names)))
-            unknown[trace.names[nid]] = int(np.count_nonzero(inverse == i))
+            name = trace.names[int(uniq[k]) // ncat]
+            unknown[name] = unknown.get(name, 0) + int(counts[k])
     return Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown)
+
+
+def _comm_details(trace: Trace, nc: NameClass, name_id: int, arg_row: int):
+    """(category, op, axis, bytes, group, group size) of a communication event, or None to keep
+    it as the name classified it (record_param_comms without a collective name)."""
+    if nc.needs_args:
+        args = trace.arg_dicts[arg_row] if arg_row >= 0 else {}
+        op, axis, size, group, gsize = _args_class(args, nc)
+        if op is None:
+            return None
+        return category_for(op, axis), op, axis, size, group, gsize
+    m = _OWN_SPAN.match(trace.names[name_id])
+    if m and m.group(5):
+        return nc.category, nc.op, nc.axis, nc.bytes, m.group(1), int(m.group(5))
+    return nc.category, nc.op, nc.axis, nc.bytes, None, 0
 
 
 def _inherit_own_spans(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,

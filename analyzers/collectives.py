@@ -19,100 +19,154 @@ from .trace import Trace
 
 
 @dataclass
-class Call:
-    key: tuple
-    start: float
-    end: float
-    bytes: float
-    op: str
-    axis: str
-    category: str
-    group_size: int
+class Calls:
+    """One rank's collective calls as arrays, one row per call in start order.
+
+    A call's match key is (pair, k): pair indexes `pairs` ((process group, op) strings), k is its
+    count among this rank's calls of that pair. `kinds` holds the distinct (op, axis, category)."""
+
+    pairs: list[tuple[str, str]]
+    pair: np.ndarray  # int64 into pairs
+    k: np.ndarray  # int64
+    start: np.ndarray  # µs
+    end: np.ndarray
+    bytes: np.ndarray
+    kinds: list[tuple[str, str, str]]
+    kind: np.ndarray  # int64 into kinds
+    group_size: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def category(self) -> np.ndarray:
+        """Per call: its category name (object array)."""
+        return np.array([c for _, _, c in self.kinds] or [""], dtype=object)[self.kind] if len(self) else np.zeros(0, object)
 
 
-def primary_calls(trace: Trace, cls: Classified) -> list[Call]:
-    comm = np.flatnonzero(np.isin(cls.category, COMM_CODES))
-    if len(comm) == 0:
-        return []
-    names = trace.names
-    own = [i for i in comm if names[trace.name_id[i]].startswith("commprobe/comm/")]
-    dev = trace.is_device()
-    if own:
-        pick = _outermost(trace, own)  # a user's span around our own counts once
+def _factor(values: list) -> tuple[np.ndarray, list]:
+    table = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    return np.fromiter(map(table.__getitem__, values), np.int64, len(values)), list(table)
+
+
+def primary_calls(trace: Trace, cls: Classified) -> Calls:
+    is_comm = np.zeros(len(CATEGORIES), bool)
+    is_comm[list(COMM_CODES)] = True
+    comm = np.flatnonzero(is_comm[cls.category])
+    own_ids = [i for i, nm in enumerate(trace.names) if nm.startswith("commprobe/comm/")]
+    is_own = np.isin(trace.name_id[comm], own_ids) if own_ids else np.zeros(len(comm), bool)
+    if is_own.any():
+        pick = _outermost(trace, comm[is_own])  # a user's span around our own counts once
     else:
-        dev_comm = [i for i in comm if dev[i] and cls.comm_op[i]]
-        host = [i for i in comm if not dev[i] and cls.comm_op[i] and names[trace.name_id[i]] == "record_param_comms"]
-        host = host or [i for i in comm if not dev[i] and cls.comm_op[i]]
-        pick = dev_comm or _outermost(trace, host)
-    counters: dict[tuple, int] = {}
-    calls = []
-    for i in pick:
-        op = cls.comm_op[i] or "unknown"
-        group = cls.comm_group[i] or cls.comm_axis[i] or ""
-        k = counters.get((group, op), 0)
-        counters[(group, op)] = k + 1
-        calls.append(Call((group, op, k), float(trace.ts[i]), float(trace.ts[i] + trace.dur[i]), float(cls.comm_bytes[i]),
-                          op, cls.comm_axis[i] or "other", CATEGORIES[int(cls.category[i])], int(cls.group_size[i])))
-    return calls
+        dev = trace.is_device()[comm]
+        has_op = cls.comm_op[comm].astype(bool)
+        rpc = [i for i, nm in enumerate(trace.names) if nm == "record_param_comms"]
+        is_rpc = np.isin(trace.name_id[comm], rpc)
+        host = comm[~dev & has_op & is_rpc]
+        host = host if len(host) else comm[~dev & has_op]
+        pick = comm[dev & has_op]
+        if not len(pick):
+            pick = _outermost(trace, host)
+    pick = np.asarray(pick, np.int64)
+    ops = [o or "unknown" for o in cls.comm_op[pick].tolist()]
+    axes = cls.comm_axis[pick].tolist()
+    groups = [g or a or "" for g, a in zip(cls.comm_group[pick].tolist(), axes)]
+    pair, pairs = _factor(list(zip(groups, ops)))
+    order = np.argsort(pair, kind="stable")  # k: the call's rank among this rank's calls of its pair
+    k = np.empty(len(pick), np.int64)
+    sp = pair[order]
+    first = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]]) if len(sp) else np.zeros(0, np.int64)
+    k[order] = np.arange(len(sp)) - np.repeat(first, np.diff(np.r_[first, len(sp)]))
+    cats = np.array(CATEGORIES, dtype=object)[cls.category[pick].astype(np.int64)].tolist()
+    kind, kinds = _factor(list(zip(ops, [a or "other" for a in axes], cats)))
+    return Calls(pairs, pair, k, trace.ts[pick].astype(np.float64), (trace.ts[pick] + trace.dur[pick]).astype(np.float64),
+                 cls.comm_bytes[pick].astype(np.float64), kinds, kind, cls.group_size[pick].astype(np.int64))
 
 
-def _outermost(trace: Trace, idx: list[int]) -> list[int]:
+def _outermost(trace: Trace, idx: np.ndarray) -> np.ndarray:
     """Host ops nest (c10d::allreduce_ inside record_param_comms...): keep the outermost per thread."""
+    idx = np.asarray(idx, np.int64)
+    if not len(idx):
+        return idx
+    idx = idx[np.lexsort((-trace.dur[idx], trace.ts[idx]))]
     out, last_end = [], {}
-    for i in sorted(idx, key=lambda i: (trace.ts[i], -trace.dur[i])):
-        t = trace.lazy.tid(i)
-        if trace.ts[i] < last_end.get(t, -math.inf):
+    for i, t, s, e in zip(idx.tolist(), trace.tid_id[idx].tolist(), trace.ts[idx].tolist(),
+                          (trace.ts[idx] + trace.dur[idx]).tolist()):
+        if s < last_end.get(t, -math.inf):
             continue
         out.append(i)
-        last_end[t] = trace.ts[i] + trace.dur[i]
+        last_end[t] = e
+    return np.array(out, np.int64)
+
+
+def _global_keys(calls_by_rank: dict[int, Calls]) -> dict[int, np.ndarray]:
+    """Per rank, int64 match keys on one numbering of (group, op) pairs for the whole run."""
+    table: dict[tuple, int] = {}
+    out = {}
+    for r, c in calls_by_rank.items():
+        lut = np.array([table.setdefault(p, len(table)) for p in c.pairs], np.int64)
+        out[r] = (lut[c.pair] << 32) + c.k if len(c) else np.zeros(0, np.int64)
     return out
 
 
-def align_offsets(calls_by_rank: dict[int, list[Call]]) -> dict[int, float]:
+def align_offsets(calls_by_rank: dict[int, Calls]) -> dict[int, float]:
     """Per-rank clock offsets (µs) that make matched collectives end together (median)."""
     ranks = sorted(calls_by_rank)
     if not ranks:
         return {}
-    ref = {c.key: c.end for c in calls_by_rank[ranks[0]]}
+    keys = _global_keys(calls_by_rank)
+    ref = calls_by_rank[ranks[0]]
     out = {ranks[0]: 0.0}
     for r in ranks[1:]:
-        d = [c.end - ref[c.key] for c in calls_by_rank[r] if c.key in ref]
-        out[r] = float(np.median(d)) if d else 0.0
+        _, a, b = np.intersect1d(keys[ranks[0]], keys[r], assume_unique=True, return_indices=True)
+        out[r] = float(np.median(calls_by_rank[r].end[b] - ref.end[a])) if len(a) else 0.0
     return out
 
 
-def match(calls_by_rank: dict[int, list[Call]], offsets: dict[int, float] | None = None) -> dict:
+def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = None) -> dict:
+    """Calls with the same key on every rank are one collective; the last to arrive sets the
+    transfer time, the rest of each rank's duration is waiting for it. `_waits` holds, per rank,
+    (wait, transfer) arrays parallel to its calls (NaN where unmatched)."""
     offsets = offsets or {r: 0.0 for r in calls_by_rank}
     ranks = sorted(calls_by_rank)
-    by_key: dict[tuple, dict[int, Call]] = {}
-    for r in ranks:
-        for c in calls_by_rank[r]:
-            by_key.setdefault(c.key, {})[r] = c
-    per_rank = {r: {"rank": r, "transfer_us": 0.0, "wait_us": 0.0, "calls": 0, "times_last": 0, "caused_wait_us": 0.0}
-                for r in ranks}
-    matched = 0
-    waits_per_call = {}
-    for key, group in by_key.items():
-        if len(group) < 2 or len(group) != len(ranks):
-            continue
-        matched += 1
-        arrivals = {r: c.start - offsets.get(r, 0.0) for r, c in group.items()}
-        last = max(arrivals, key=arrivals.get)
-        transfer = group[last].end - group[last].start
-        per_rank[last]["times_last"] += 1
-        for r, c in group.items():
-            d = c.end - c.start
-            wait = max(0.0, d - transfer)
-            per_rank[r]["transfer_us"] += d - wait
-            per_rank[r]["wait_us"] += wait
-            per_rank[r]["calls"] += 1
-            per_rank[last]["caused_wait_us"] += wait
-            waits_per_call[(r, key)] = (wait, transfer)
-    straggler = max(per_rank.values(), key=lambda x: x["caused_wait_us"])["rank"] if matched else None
-    if straggler is not None and per_rank[straggler]["caused_wait_us"] == 0:
+    keys = _global_keys(calls_by_rank)
+    key = np.concatenate([keys[r] for r in ranks]) if ranks else np.zeros(0, np.int64)
+    rank_pos = np.concatenate([np.full(len(calls_by_rank[r]), i) for i, r in enumerate(ranks)]) if ranks else key
+    start = np.concatenate([calls_by_rank[r].start - offsets.get(r, 0.0) for r in ranks]) if ranks else np.zeros(0)
+    dur = np.concatenate([calls_by_rank[r].end - calls_by_rank[r].start for r in ranks]) if ranks else np.zeros(0)
+    order = np.argsort(key, kind="stable")  # members of a key in rank order
+    sk = key[order]
+    first = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]]) if len(sk) else np.zeros(0, np.int64)
+    size = np.diff(np.r_[first, len(sk)])
+    full = size == len(ranks) if len(ranks) >= 2 else np.zeros(len(first), bool)
+    wait = np.full(len(key), np.nan)
+    transfer = np.full(len(key), np.nan)
+    nr = len(ranks)
+    per = {"transfer_us": np.zeros(nr), "wait_us": np.zeros(nr), "calls": np.zeros(nr, np.int64),
+           "times_last": np.zeros(nr, np.int64), "caused_wait_us": np.zeros(nr)}
+    matched = int(full.sum())
+    if matched:
+        members = order[(first[full][:, None] + np.arange(nr)[None, :]).reshape(-1)].reshape(-1, nr)
+        arr = start[members]
+        last = members[np.arange(len(members)), np.argmax(arr, axis=1)]  # first of equal arrivals
+        t = np.repeat(dur[last], nr)
+        m = members.reshape(-1)
+        w = np.maximum(0.0, dur[m] - t)
+        wait[m], transfer[m] = w, t
+        per["transfer_us"] = np.bincount(rank_pos[m], dur[m] - w, nr)
+        per["wait_us"] = np.bincount(rank_pos[m], w, nr)
+        per["calls"] = np.bincount(rank_pos[m], minlength=nr)
+        per["times_last"] = np.bincount(rank_pos[last], minlength=nr)
+        per["caused_wait_us"] = np.bincount(np.repeat(rank_pos[last], nr), w, nr)
+    rows = [{"rank": r, "transfer_us": float(per["transfer_us"][i]), "wait_us": float(per["wait_us"][i]),
+             "calls": int(per["calls"][i]), "times_last": int(per["times_last"][i]),
+             "caused_wait_us": float(per["caused_wait_us"][i])} for i, r in enumerate(ranks)]
+    straggler = ranks[int(np.argmax(per["caused_wait_us"]))] if matched else None
+    if straggler is not None and per["caused_wait_us"].max() == 0:
         straggler = None
-    return {"matched_calls": matched, "ranks": [per_rank[r] for r in ranks], "straggler": straggler,
-            "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits_per_call}
+    bounds = np.cumsum([0] + [len(calls_by_rank[r]) for r in ranks])
+    waits = {r: (wait[bounds[i]:bounds[i + 1]], transfer[bounds[i]:bounds[i + 1]]) for i, r in enumerate(ranks)}
+    return {"matched_calls": matched, "ranks": rows, "straggler": straggler,
+            "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits}
 
 
 MAX_SAMPLES = 256  # per bucket, kept in the result for the regression gate's statistics
@@ -125,29 +179,48 @@ def thin(x: np.ndarray, k: int, digits: int) -> list[float]:
     return [round(float(v), digits) for v in x]
 
 
-def size_buckets(calls_by_rank: dict[int, list[Call]], waits: dict) -> list[dict]:
+def size_buckets(calls_by_rank: dict[int, Calls], waits: dict) -> list[dict]:
     """Per (op, axis, power-of-two size bucket): count, median/p90 latency, algbw, busbw.
 
     Latency of a matched call is its transfer time (waiting for a straggler is not the
     network's fault); of an unmatched call, its duration.
     """
-    groups: dict[tuple, list[tuple[float, float, int]]] = {}
-    for r, calls in calls_by_rank.items():
-        for c in calls:
-            if not (c.bytes > 0):
-                continue
-            lat = waits[(r, c.key)][1] if (r, c.key) in waits else c.end - c.start
-            bucket = 1 << max(0, math.ceil(math.log2(c.bytes)))
-            groups.setdefault((c.op, c.axis, c.category, bucket), []).append((lat, c.bytes, c.group_size or len(calls_by_rank)))
+    kinds: dict[tuple, int] = {}
+    cols: dict[str, list] = {"kind": [], "bucket": [], "lat": [], "bytes": [], "n": []}
+    for r, c in calls_by_rank.items():
+        ok = c.bytes > 0  # NaN compares false: unknown sizes are left out
+        if not ok.any():
+            continue
+        lut = np.array([kinds.setdefault(kd, len(kinds)) for kd in c.kinds], np.int64)
+        tr = waits[r][1] if r in waits else np.full(len(c), np.nan)
+        lat = np.where(np.isnan(tr), c.end - c.start, tr)
+        cols["kind"].append(lut[c.kind[ok]])
+        cols["bucket"].append(np.left_shift(1, np.maximum(0, np.ceil(np.log2(c.bytes[ok]))).astype(np.int64)))
+        cols["lat"].append(lat[ok])
+        cols["bytes"].append(c.bytes[ok])
+        cols["n"].append(np.where(c.group_size[ok] > 0, c.group_size[ok], len(calls_by_rank)))
+    if not kinds or not cols["kind"]:
+        return []
+    kind, bucket, lat, nbytes, n = (np.concatenate(cols[x]) for x in ("kind", "bucket", "lat", "bytes", "n"))
+    names = list(kinds)
     rows = []
-    for (op, axis, cat, bucket), xs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][3])):
-        lats = np.array([x[0] for x in xs])
+    combo = kind * (1 << 48) + bucket  # buckets are powers of two far below 2^48
+    uniq, inverse = np.unique(combo, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")  # samples of a group in call order, rank by rank
+    bounds = np.r_[0, np.cumsum(np.bincount(inverse, minlength=len(uniq)))]
+    groups = []
+    for g, u in enumerate(uniq.tolist()):
+        op, axis, cat = names[u >> 48]
+        groups.append(((op, u & ((1 << 48) - 1)), axis, cat, order[bounds[g]:bounds[g + 1]]))
+    for (op, b), axis, cat, idx in sorted(groups, key=lambda x: x[0]):
+        lats = lat[idx]
         med = float(np.median(lats))
-        mean_bytes = float(np.mean([x[1] for x in xs]))
-        n = int(np.median([x[2] for x in xs]))
+        mean_bytes = float(np.mean(nbytes[idx]))
+        gs = int(np.median(n[idx]))
         algbw = mean_bytes / med / 1e3 if med > 0 else 0.0  # bytes/µs -> GB/s
-        rows.append({"op": op, "axis": axis, "category": cat, "bucket_bytes": bucket, "count": len(xs),
+        rows.append({"op": op, "axis": axis, "category": cat, "bucket_bytes": int(b), "count": len(idx),
                      "median_us": med, "p90_us": float(np.percentile(lats, 90)), "mean_bytes": mean_bytes,
-                     "group_size": n, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, n),
+                     "group_size": gs, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, gs),
                      "samples_us": thin(lats, MAX_SAMPLES, 3)})
     return rows

@@ -20,9 +20,12 @@ import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 import numpy as np
+
+from . import native
 
 try:  # ISA-L inflates gzip about twice as fast as zlib here; same API, zlib as the fallback
     from isal import isal_zlib as _inflate
@@ -65,7 +68,9 @@ class Trace:
     cat_id: np.ndarray  # int32 into cats
     names: list[str]
     cats: list[str]
-    lazy: _Extra  # raw args and thread ids of communication candidates
+    tid_id: np.ndarray  # int32: one id per distinct thread (or stream) of the trace
+    arg_row: np.ndarray  # int32 into arg_dicts; -1 for events whose args were not read
+    arg_dicts: list[dict]  # distinct ARG_KEYS subsets of communication candidates' args
     origin_ns: int
     distributed: dict | None
     commprobe: dict | None
@@ -84,26 +89,13 @@ class Trace:
             self._device = dev[self.cat_id] if len(self.cats) else np.zeros(0, bool)
         return self._device
 
-    def args_many(self, idx: list[int]) -> list[dict]:
-        """Decode the args of many events in one msgspec call (a JSON array of their raw texts)."""
-        if not idx:
-            return []
-        raws = [bytes(self.lazy.args(i)) for i in idx]
-        try:
-            out = msgspec.json.decode(b"[" + b",".join(raws) + b"]")
-        except msgspec.DecodeError:
-            return [self.args(i) for i in idx]
-        return [x if isinstance(x, dict) else {} for x in out]
+    def args_many(self, idx) -> list[dict]:
+        """The ARG_KEYS fields of these events' args ({} where absent or not read)."""
+        return [self.args(int(i)) for i in idx]
 
     def args(self, i: int) -> dict:
-        raw = self.lazy.args(i)
-        if bytes(raw) == b"null":
-            return {}
-        try:
-            out = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            return {}
-        return out if isinstance(out, dict) else {}
+        r = int(self.arg_row[i])
+        return self.arg_dicts[r] if r >= 0 else {}
 
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -131,8 +123,8 @@ def _read_bytes(path: Path) -> bytes:
     if size == 0:
         raise TraceError(f"{path}: empty file")
     limit = max_trace_bytes()
-    with open(path, "rb") as f:
-        head = f.read(2)
+    with open(path, "rb", buffering=0) as f:  # unbuffered: readall() sizes its buffer once (a buffered
+        head = f.read(2)                        # read after a seek grows it, twice the file at peak)
         if head == b"\x1f\x8b":
             # ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a cheap first guard.
             f.seek(-4, os.SEEK_END)
@@ -152,7 +144,7 @@ def _read_bytes(path: Path) -> bytes:
             if size > limit:
                 raise TraceError(f"{path}: too large for memory here ({size / 1e9:.1f} GB, limit {limit / 1e9:.1f} GB)")
             f.seek(0)
-            data = f.read()
+            data = f.readall()
     if len(data) > limit:
         raise TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
     if not data[:4096].strip() and not data.strip():
@@ -175,51 +167,125 @@ def _decode_top(path: Path, data: bytes) -> _Trace:
         raise TraceError(f"{path}: not JSON ({e})") from None
 
 
-def _id_of(v) -> int:
-    if v.__class__ is int:
-        return v
-    return -1 - (zlib.crc32(str(v).encode()) & 0x7FFFFFFF)  # stable negative id for string thread ids
+# The only args fields any analyzer reads (classify: the collective and its process group).
+ARG_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name",
+            "Process Group Description")
+
+
+@dataclass
+class _Columns:
+    """Complete events in file order, from either decoder. `args(idx)` reads the ARG_KEYS fields of
+    those events: an (len(idx),) row id per event into a list of distinct dicts."""
+
+    ts: np.ndarray
+    dur: np.ndarray
+    name_id: np.ndarray
+    cat_id: np.ndarray
+    tid_id: np.ndarray
+    names: list[str]
+    cats: list[str]
+    base_ns: int
+    dist_raw: bytes | None
+    meta_raw: bytes | None
+    args: Callable[[np.ndarray], tuple[np.ndarray, list[dict]]]
+
+
+def _columns_native(data: bytes) -> _Columns | None:
+    """The C scanner's columns (native.py), or None to fall back to msgspec."""
+    s = native.scan(data)
+    if s is None:
+        return None
+    try:  # each distinct raw token decoded once (escapes and UTF-8 checked by msgspec)
+        names = msgspec.json.decode(b"[" + b",".join(s.name_raw) + b"]", type=list[str])
+        cats = msgspec.json.decode(b"[" + b",".join(s.cat_raw) + b"]", type=list[str])
+        tids = msgspec.json.decode(b"[" + b",".join(s.tid_raw) + b"]", type=list[int | str])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    name_map, names = _dedupe(names)
+    cat_map, cats = _dedupe(cats)
+    tid_map, _ = _dedupe(tids)
+
+    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict]]:
+        ids, raws = native.args_fields(data, s.args_off[idx], s.args_len[idx], ARG_KEYS)
+        if not len(ids):
+            return np.zeros(0, np.int32), []
+        rows, inverse = np.unique(ids, axis=0, return_inverse=True)
+        values = msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else []
+        dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
+        return inverse.reshape(-1).astype(np.int32), dicts
+
+    return _Columns(s.ts, s.dur, name_map[s.name_id], cat_map[s.cat_id], tid_map[s.tid_id], names, cats, s.base_ns,
+                    s.dist_raw, s.meta_raw, args)
+
+
+def _dedupe(values: list) -> tuple[np.ndarray, list]:
+    """Different raw spellings of one value (escapes) get one id."""
+    table: dict = {}
+    remap = np.fromiter((table.setdefault(v, len(table)) for v in values), np.int32, len(values))
+    return remap, list(table)
+
+
+def _columns_msgspec(path: Path, data: bytes) -> _Columns:
+    """One struct per event, then columns (C-level map/attrgetter loops): the portable path."""
+    top = _decode_top(path, data)
+    ev = top.traceEvents
+    keep = np.flatnonzero(np.fromiter(map("X".__eq__, map(_get_ph, ev)), bool, len(ev)))
+    m = len(ev)
+    name_id, names = _factorize(list(map(_get_name, ev)))
+    cat_id, cats = _factorize(list(map(_get_cat, ev)))
+    tid_id, _ = _factorize(list(map(_get_tid, ev)))
+
+    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict]]:
+        raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
+        decoded = msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else []
+        table: dict[tuple, int] = {}
+        rows = np.fromiter((table.setdefault(tuple((k, a[k]) for k in ARG_KEYS if k in a) if isinstance(a, dict)
+                                             else (), len(table)) for a in decoded), np.int32, len(decoded))
+        return rows, [dict(t) for t in table]
+
+    return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
+                    name_id[keep], cat_id[keep], tid_id[keep], list(names), list(cats), top.baseTimeNanoseconds,
+                    None if top.distributedInfo == b"null" else bytes(top.distributedInfo),
+                    None if top.commprobe == b"null" else bytes(top.commprobe), args)
+
+
+def _decode_meta(raw: bytes | None):
+    if raw is None:
+        return None
+    try:
+        meta = msgspec.json.decode(raw)
+        if isinstance(meta, str):  # add_metadata_json stores a JSON string in some torch versions
+            meta = msgspec.json.decode(meta.encode())
+    except msgspec.DecodeError:
+        return None
+    return meta
 
 
 def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     path = Path(path)
     data = _read_bytes(path)
-    top = _decode_top(path, data)
-    dist = msgspec.json.decode(top.distributedInfo) if top.distributedInfo != b"null" else None
-    meta = msgspec.json.decode(top.commprobe) if top.commprobe != b"null" else None
-    if isinstance(meta, str):  # add_metadata_json stores a JSON string in some torch versions
-        try:
-            meta = msgspec.json.decode(meta.encode())
-        except msgspec.DecodeError:
-            meta = None
+    cols = _columns_native(data) or _columns_msgspec(path, data)
+    dist, meta = _decode_meta(cols.dist_raw), _decode_meta(cols.meta_raw)
     if rank is None:
         if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
             rank = dist["rank"]
         else:
             m = _RANK_IN_NAME.search(path.name)
             rank = int(m.group(1)) if m else 0
-    ev = top.traceEvents
-    # Columns via map/attrgetter (C-level loops), then numpy; only complete ('X') events are kept.
-    keep = np.flatnonzero(np.fromiter(map("X".__eq__, map(_get_ph, ev)), bool, len(ev)))
-    m = len(ev)
-    dur = np.fromiter(map(_get_dur, ev), np.float64, m)[keep]
-    if len(keep) and dur.min() < 0:
-        i = int(keep[int(dur.argmin())])
-        raise TraceError(f"{path}: event {ev[i].name[:60]!r} has a negative duration ({ev[i].dur} µs)")
-    ts = np.fromiter(map(_get_ts, ev), np.float64, m)[keep]
-    name_id, names = _factorize(list(map(_get_name, ev)))
-    cat_id, cats = _factorize(list(map(_get_cat, ev)))
+    ts, dur = cols.ts, cols.dur
+    if len(dur) and dur.min() < 0:
+        i = int(dur.argmin())
+        raise TraceError(f"{path}: event {cols.names[cols.name_id[i]][:60]!r} has a negative duration ({dur[i]} µs)")
     order = np.argsort(ts, kind="stable")  # Kineto does not promise order; analyzers rely on it
-    name_id = name_id[keep][order].astype(np.int32)
-    names_list = list(names)
-    # Only communication candidates ever need their args or thread id: keep those few, let the
-    # decoded events go (holding every event object would cost several times the trace's size).
-    cand = np.array([_may_need_args(n) for n in names_list], dtype=bool)
-    sorted_idx = np.flatnonzero(cand[name_id]) if len(names_list) else np.zeros(0, np.int64)
-    src = keep[order][sorted_idx]
-    extra = {int(i): (bytes(ev[j].args), _id_of(ev[j].tid)) for i, j in zip(sorted_idx, src)}
-    return Trace(str(path), rank, ts[order], dur[order], name_id, cat_id[keep][order].astype(np.int32),
-                 names_list, list(cats), _Extra(extra), top.baseTimeNanoseconds, dist, meta, len(data))
+    name_id = cols.name_id[order].astype(np.int32)
+    # Only communication candidates' args are ever read (ARG_KEYS of them); the input goes after this.
+    cand = np.array([_may_need_args(n) for n in cols.names], dtype=bool)
+    sorted_idx = np.flatnonzero(cand[name_id]) if len(cols.names) else np.zeros(0, np.int64)
+    arg_row = np.full(len(ts), -1, np.int32)
+    rows, dicts = cols.args(order[sorted_idx])
+    arg_row[sorted_idx] = rows
+    return Trace(str(path), rank, ts[order], dur[order], name_id, cols.cat_id[order].astype(np.int32), cols.names,
+                 cols.cats, cols.tid_id[order].astype(np.int32), arg_row, dicts, cols.base_ns, dist, meta, len(data))
 
 
 _HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall", "broadcast", "barrier", "send",
@@ -232,21 +298,8 @@ def _may_need_args(name: str) -> bool:
     return any(h in low for h in _HINTS)
 
 
-class _Extra:
-    """Raw `args` and thread id of the events that may be communication; nothing for the rest."""
-
-    def __init__(self, table: dict[int, tuple[bytes, int]]):
-        self._t = table
-
-    def args(self, i: int) -> bytes:
-        return self._t.get(i, (b"null", 0))[0]
-
-    def tid(self, i: int) -> int:
-        return self._t.get(i, (b"null", 0))[1]
-
-
 _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")
-_get_name, _get_cat = attrgetter("name"), attrgetter("cat")
+_get_name, _get_cat, _get_tid = attrgetter("name"), attrgetter("cat"), attrgetter("tid")
 
 
 def _factorize(values: list) -> tuple[np.ndarray, dict]:

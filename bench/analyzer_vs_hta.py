@@ -72,12 +72,13 @@ def run(code: str, path: Path) -> dict:
 
 
 def generate(out: Path, ranks: int, mb_per_rank: float, seed: int = 0) -> None:
-    """Kineto-like GPU traces: cpu_ops + launches, compute kernels on stream 7, NCCL allreduce on stream 20
-    overlapping part of the compute, ProfilerStep windows."""
+    """Kineto-like GPU traces: cpu_ops, their cudaLaunchKernel runtime events and the kernels they
+    launch (matched by correlation id, as HTA requires: it drops kernels without a launch), compute
+    on stream 7, NCCL allreduce on stream 20 overlapping part of the compute, ProfilerStep windows."""
     rnd = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     for rank in range(ranks):
-        ev, t, step = [], 0.0, 0
+        ev, t, step, corr = [], 0.0, 0, 0
         approx = 0
         while approx < mb_per_rank * 1e6:
             ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
@@ -87,22 +88,29 @@ def generate(out: Path, ranks: int, mb_per_rank: float, seed: int = 0) -> None:
             k = t
             for i in range(50):
                 d = rnd.uniform(20, 80)
+                corr += 1
                 ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": k, "dur": 5.0,
-                           "args": {"External id": i, "Ev Idx": i}})
+                           "args": {"External id": corr, "Ev Idx": i}})
+                ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": k + 1, "dur": 3.0, "args": {"External id": corr, "correlation": corr}})
                 ev.append({"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7,
-                           "ts": k + 3, "dur": d, "args": {"device": 0, "stream": 7, "correlation": i,
-                                                            "grid": [108, 1, 1], "block": [256, 1, 1]}})
+                           "ts": k + 3, "dur": d, "args": {"device": 0, "stream": 7, "correlation": corr,
+                                                            "External id": corr, "grid": [108, 1, 1], "block": [256, 1, 1]}})
                 k += d + rnd.uniform(1, 20)
                 if i % 10 == 0:
+                    corr += 1
+                    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                               "ts": k - d / 2 - 4, "dur": 3.0, "args": {"External id": corr, "correlation": corr}})
                     ev.append({"ph": "X", "cat": "kernel", "pid": 0, "tid": 20, "ts": k - d / 2, "dur": rnd.uniform(30, 90),
                                "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-                               "args": {"device": 0, "stream": 20, "Collective name": "allreduce",
+                               "args": {"device": 0, "stream": 20, "correlation": corr, "External id": corr,
+                                        "Collective name": "allreduce",
                                         "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20, "dtype": "BFloat16",
                                         "Group size": ranks, "Process Group Name": "0",
                                         "Process Group Description": "default_pg"}})
             t += 5000.0
             step += 1
-            approx += 51 * 2 * 230 + 500
+            approx += 50 * 3 * 200 + 5 * 2 * 330 + 500
         doc = {"schemaVersion": 1, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
                "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": ranks}, "traceEvents": ev}
         (out / f"rank{rank}.json").write_text(json.dumps(doc))

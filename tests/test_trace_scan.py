@@ -1,0 +1,89 @@
+"""The C trace scanner gives exactly the columns of the msgspec decoder, and hands back to it
+whatever it does not accept (so bad input is still named by msgspec, one line)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from analyzers import native
+from analyzers.trace import TraceError, load_trace
+from tests.conftest import ROOT
+
+SHARED = ROOT.parent / "shared" / "traces" / "hta"
+
+pytestmark = pytest.mark.skipif(native.load_scanner()[0] is None, reason=f"no trace scanner: {native.load_scanner()[1]}")
+
+
+def _both(path):
+    fast = load_trace(path)
+    os.environ["COMMPROBE_PURE_PYTHON"] = "1"
+    try:
+        slow = load_trace(path)
+    finally:
+        del os.environ["COMMPROBE_PURE_PYTHON"]
+    return fast, slow
+
+
+def _same(a, b):
+    assert np.array_equal(a.ts, b.ts) and np.array_equal(a.dur, b.dur)
+    assert [a.names[i] for i in a.name_id] == [b.names[i] for i in b.name_id]
+    assert [a.cats[i] for i in a.cat_id] == [b.cats[i] for i in b.cat_id]
+    assert (a.origin_ns, a.distributed, a.commprobe, a.rank) == (b.origin_ns, b.distributed, b.commprobe, b.rank)
+    pairs = set(zip(a.tid_id.tolist(), b.tid_id.tolist()))  # the same threads, whatever their ids
+    assert len(pairs) == len(set(a.tid_id.tolist())) == len(set(b.tid_id.tolist()))
+    assert [a.args(i) for i in range(len(a.ts))] == [b.args(i) for i in range(len(b.ts))]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SHARED.glob("*.json.gz")) if SHARED.is_dir() else [])
+def test_real_traces_scan_like_msgspec(name):
+    a, b = _both(SHARED / name)
+    _same(a, b)
+    assert len(a.ts) > 0
+
+
+def test_awkward_json_scans_like_msgspec(tmp_path):
+    nccl = {"Collective name": "allreduce", "In msg nelems": 2**40, "dtype": "Float", "Group size": 2,
+            "Process Group Name": "0", "Process Group Description": "tp \"group\" \u00e9", "nested": {"a": [1, {"b": None}]}}
+    events = [
+        {"ph": "X", "name": "a\\b \"quoted\" \u00e9\u4e2d", "cat": "cpu_op", "ts": 1.5e3, "dur": 2, "tid": "thread 7"},
+        {"ph": "X", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cat": "kernel", "ts": 0.1, "dur": 1e-3,
+         "tid": 7, "args": nccl},
+        {"ph": "X", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cat": "kernel", "ts": 12345678901234.567,
+         "dur": 0.30000000000000004, "tid": 7, "args": {**nccl, "In msg nelems": 8}},
+        {"ph": "X", "ts": -0.0, "dur": 0},  # no name, cat, tid, args
+        {"ph": "i", "name": "instant", "ts": 5, "s": "t"},
+        {"ph": "X", "name": "c10d::allreduce_", "cat": "cpu_op", "ts": 7, "dur": 1.25e-7, "tid": -3, "args": None,
+         "extra": [True, False, None, "x", 1e308, -2.5E-3]},
+    ]
+    doc = {"otherData": {"k": [1, 2]}, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_123_456_789,
+           "distributedInfo": {"rank": 3, "world_size": 4}, "commprobe": json.dumps({"schema": "x"})}
+    p = tmp_path / "awkward.json"
+    p.write_text(json.dumps(doc, ensure_ascii=False, indent=1))
+    a, b = _both(p)
+    _same(a, b)
+    assert a.rank == 3 and a.origin_ns == 1_700_000_000_123_456_789 and a.commprobe == {"schema": "x"}
+    assert 'a\\b "quoted" é中' in a.names and len(a.ts) == 5
+    q = tmp_path / "escaped.json"  # the same trace with every non-ASCII character escaped: same names
+    q.write_text(json.dumps(events))  # and a bare list of events is a trace too
+    c, d = _both(q)
+    _same(c, d)
+    assert [c.names[i] for i in c.name_id] == [a.names[i] for i in a.name_id]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"traceEvents": [{"ph": "X", "ts": "5", "dur": 1}]}', "not a Kineto/Chrome trace"),
+    ('{"traceEvents": [{"ph": "X", "ts": 5, "dur": 1, "tid": 1.5}]}', "not a Kineto/Chrome trace"),
+    ('{"traceEvents": [{"ph": "X", "ts": 5, "dur": 1}], }', "not JSON"),
+    ('{"traceEvents": [{"ph": "X", "ts": 05, "dur": 1}]}', "not JSON"),
+    ('{"traceEvents": [{"ph": "X", "name": "a\\q", "ts": 5, "dur": 1}]}', "not JSON"),
+    ('{"traceEvents": [{"ph": "X", "ts": 5, "dur": 1}]} x', "not JSON"),
+    ('{"traceEvents": [{"ph": "X", "ts": 5, "dur": 1}', "not JSON"),
+])
+def test_input_the_scanner_refuses_is_named_by_msgspec(tmp_path, text, needle):
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    assert native.scan(text.encode()) is None
+    with pytest.raises(TraceError, match=needle):
+        load_trace(p)
