@@ -75,6 +75,9 @@ def load_scanner() -> tuple[ctypes.CDLL | None, str]:
     if not cc or not shutil.which(cc):
         _WHY = "no C compiler found (set CC)"
         return None, _WHY
+    if not _SRC.exists():
+        _WHY = f"{_SRC.name} is not installed beside native.py"
+        return None, _WHY
     flags = ["-O2", "-shared", "-fPIC", "-std=gnu11"]  # portable code: no -march, the cache may be shared
     key = hashlib.sha256(_SRC.read_bytes() + " ".join([cc, *flags]).encode()).hexdigest()[:16]
     so = _cache_dir() / f"trace_scan-{key}.so"

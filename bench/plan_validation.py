@@ -1,7 +1,8 @@
 """Validate the cost model on this machine: calibrate on TP=2 only, predict other layouts.
 
 1. sweep 2-rank allreduces (gloo, dda) and profile the reference model at TP=2 (the `small`
-   and `tiny` presets: weight-bound and overhead-bound decode);
+   and `tiny` presets: weight-bound and overhead-bound decode; `moe-small`: experts, and the
+   router's token counts per expert, which give the EP runs' busiest-rank skew);
 2. `plan calibrate` on those alone;
 3. profile TP=4, CP=2 and EP=2 (moe-small) runs and compare their measured TTFT and TTIT
    (median over samples of the slowest rank, un-profiled) with the model's predictions.
@@ -22,10 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from plan.calibrate import calibrate, options_of, read_run, workload_of  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from plan.calibrate import calibrate, expert_imbalance, options_of, read_run, routed_histogram, workload_of  # noqa: E402
 from plan.costmodel import predict  # noqa: E402
 
-CALIB = [("small", {"tp": 2}), ("tiny", {"tp": 2})]
+CALIB = [("small", {"tp": 2}), ("tiny", {"tp": 2}), ("moe-small", {"tp": 2})]
 VALIDATE = [("small", {"tp": 4}), ("small", {"tp": 1, "cp": 2}), ("moe-small", {"tp": 1, "ep": 2}),
             ("small", {"tp": 2, "cp": 2})]
 
@@ -65,6 +68,7 @@ def main() -> None:
                          "--max", "4M", "--world", "2", "--json"))
     calib = [profile(tmp, p, lay, args) for p, lay in CALIB]
     hw, _ = calibrate([str(sweep), *map(str, calib)])
+    routed = {p: routed_histogram(path) for (p, _), path in zip(CALIB, calib)}
     print(f"calibrated: {hw.peak_tflops * 1e3:.2f} GFLOP/s, {hw.mem_bw_GBps:.2f} GB/s, "
           f"{hw.layer_overhead_us:.0f} µs/layer; " + ", ".join(
               f"{k}: {v.alpha_us:.1f} µs + {v.bw_GBps:.2f} GB/s" for k, v in hw.links.items()))
@@ -74,7 +78,12 @@ def main() -> None:
     for p, lay in CALIB + VALIDATE:
         path = profile(tmp, p, lay, args) if (p, lay) in VALIDATE else tmp / run_name(p, lay)
         run = read_run(path)
-        pred = predict(workload_of(run), run["layout"], hw, options_of(run))
+        opt = options_of(run)
+        hist = routed.get(p)
+        if run["layout"].ep > 1 and hist is not None:  # skew from the TP=2 run, never from the run predicted
+            opt = replace(opt, expert_imbalance=expert_imbalance(hist, run["layout"].ep))
+            print(f"{path.name}: expert imbalance {opt.expert_imbalance:.3f} (from {p} TP=2's routing)", file=sys.stderr)
+        pred = predict(workload_of(run), run["layout"], hw, options_of(run) if hist is None else opt)
         e1 = pred.ttft_ms / run["ttft_ms"] - 1
         e2 = pred.ttit_ms / run["ttit_ms"] - 1
         tag = " (calibration)" if (p, lay) in CALIB else ""

@@ -64,6 +64,34 @@ def read_run(path: Path) -> dict:
             "decode_comm_share": sum(v for n, v in med.items() if n.startswith("decode_comm_share/"))}
 
 
+def routed_histogram(path: Path) -> np.ndarray | None:
+    """Tokens routed to each expert in a profiled MoE run's prefill, per layer ([layers, experts]),
+    or None for a dense model. Ranks of one TP group route the same tokens (counted once); EP
+    and CP ranks route distinct ones (summed). A property of the weights and the prompt, not
+    the layout: a TP run tells what an EP run of the same model and prompt will route."""
+    try:
+        doc = json.loads((path / "timings.json").read_text())
+        tp = json.loads((path / "manifest.json").read_text())["world"]["tp"]
+    except (OSError, KeyError, json.JSONDecodeError) as e:
+        raise PlanError(f"{path}: not a profile bundle with timings ({e})") from None
+    rows = [r["routed_tokens"]["prefill"] for r in doc.get("ranks", []) if r.get("routed_tokens", {}).get("prefill")]
+    return np.sum(np.array(rows, float), axis=0) / tp if rows else None
+
+
+def expert_imbalance(hist: np.ndarray, ep: int) -> float:
+    """Rows the busiest EP rank's experts get over the mean, per layer, summed over layers (each
+    layer's all-to-all waits for its busiest rank), with rank r holding the r-th contiguous slice
+    of experts, as reference_impl/ep.py places them."""
+    layers, experts = hist.shape
+    if ep <= 1:
+        return 1.0
+    if experts % ep:
+        raise PlanError(f"{experts} experts do not split over EP={ep}")
+    loads = hist.reshape(layers, ep, experts // ep).sum(axis=2)
+    mean = loads.mean(axis=1).sum()
+    return float(loads.max(axis=1).sum() / mean) if mean > 0 else 1.0
+
+
 def workload_of(run: dict) -> Workload:
     """The reference implementation's work: logits for every prompt token; decode context mid-run."""
     return Workload(run["model"], batch=run["batch"], prompt_len=run["prompt_len"],

@@ -341,6 +341,7 @@ def plan(
     cp_variant: str = typer.Option("auto", help="CP prefill: auto, pass-kv, pass-q."),
     overlap_all_to_all: bool = typer.Option(False, help="EP dispatch/combine hidden behind expert compute."),
     expert_imbalance: float = typer.Option(1.0, help="Rows the busiest EP rank's experts get over the mean (router skew)."),
+    routing_from: str | None = typer.Option(None, help="A profiled MoE bundle (any layout): take --expert-imbalance for this EP degree from its routed-token counts."),
     what_if: str | None = typer.Option(None, help="Alternatives, e.g. 'allreduce=dda|x0.5, all_to_all=overlap, tp=4,8,16'."),
     sort: str = typer.Option("ttit", help="Sort the what-if table by ttit or ttft."),
     json_out: bool = typer.Option(False, "--json", help="Print the prediction(s) as JSON."),
@@ -369,6 +370,17 @@ def plan(
         w = Workload(get_preset(model), batch=batch, prompt_len=prompt_len, cached_len=cached_len)
         if expert_imbalance < 1.0:
             raise ValueError("--expert-imbalance must be >= 1 (the busiest rank gets at least the mean)")
+        if routing_from:
+            from pathlib import Path
+
+            from plan.calibrate import expert_imbalance as imbalance_of, routed_histogram
+
+            hist = routed_histogram(Path(routing_from))
+            if hist is None:
+                raise ValueError(f"{routing_from}: no routed-token counts (not an MoE run, or profiled before they were recorded)")
+            if hist.shape[1] != w.model.n_experts:
+                raise ValueError(f"{routing_from}: routes over {hist.shape[1]} experts, {model} has {w.model.n_experts}")
+            expert_imbalance = imbalance_of(hist, ep)
         lay = Layout(tp, cp, ep)
         opt = Options(allreduce=allreduce, cp_variant=cp_variant, overlap_all_to_all=overlap_all_to_all,
                       expert_imbalance=expert_imbalance)

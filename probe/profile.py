@@ -32,6 +32,8 @@ def _timings_doc(results: list[RankResult], backend: str) -> dict:
         row = {**t.summary(), "samples": {"ttft_s": t.ttft_s, "ttit_s": t.ttit_s,
                                           "decode_allreduce_s": t.decode_allreduce_s,
                                           "prefill_comm_s": t.prefill_comm_s, "decode_comm_s": t.decode_comm_s}}
+        if t.routed_tokens:
+            row["routed_tokens"] = t.routed_tokens
         if p is not None and p.ttit_s:
             row["profiled"] = {**p.summary(), "samples": {"ttft_s": p.ttft_s, "ttit_s": p.ttit_s}}
         ranks.append(row)

@@ -123,6 +123,9 @@ class RankTimings:
     # Blocked communication time per phase sample, per axis (tp, cp, ep).
     prefill_comm_s: dict[str, list[float]] = field(default_factory=dict)
     decode_comm_s: dict[str, list[float]] = field(default_factory=dict)
+    # MoE: tokens this rank routed to each expert, per phase and layer, in one repetition (the
+    # same prompt every repetition, so one is enough); {} for dense models.
+    routed_tokens: dict[str, list[list[int]]] = field(default_factory=dict)
 
     @property
     def prefill_allreduce_s(self) -> list[float]:
@@ -251,16 +254,29 @@ def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg
     def taken() -> dict[str, float]:
         return {a: c.seconds for a, c in comms.items()}
 
+    from reference_impl.moe import MoE
+
+    inner = getattr(model, "model", model)  # CP wraps the Transformer
+    moes = [m for m in inner.modules() if isinstance(m, MoE)] if into is not None and not into.routed_tokens else []
+
+    def routed(start: bool) -> list[list[int]]:
+        out = [m.routed_counts.tolist() for m in moes if m.routed_counts is not None]
+        for m in moes:
+            m.routed_counts = torch.zeros(m.n_experts, dtype=torch.long, device=m.router.weight.device) if start else None
+        return out
+
     model.setup_cache(cfg.batch, cfg.prompt_len + cfg.decode_steps)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
     reset()
+    routed(True)
     sync()
     t0 = time.perf_counter()
     with _Phase("commprobe/prefill"):
         tok = model.prefill(prompt)[:, -1].argmax(-1)
     sync()
     ttft, pre = time.perf_counter() - t0, taken()
+    routes = {"prefill": routed(True)}
     seq, steps, per_step = [tok], [], []
     for i in range(cfg.decode_steps):
         reset()
@@ -271,7 +287,10 @@ def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg
         steps.append(time.perf_counter() - ts)
         per_step.append(taken())
         seq.append(tok)
+    routes["decode"] = routed(False)
     if into is not None:
+        if moes:
+            into.routed_tokens = routes
         into.ttft_s.append(ttft)
         into.ttit_s.extend(steps)
         for a in comms:

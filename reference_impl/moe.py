@@ -42,10 +42,15 @@ class MoE(nn.Module):
         self.first_expert = 0  # this process holds experts first_expert .. first_expert + w1.shape[0] - 1
         self.reduce: Callable[[Tensor], Tensor] = _identity
         self.dispatch: Callable[[MoE, Tensor], Tensor] = local_dispatch
+        # Tokens this process routed to each expert, when a profiler asks (set to zeros to count):
+        # the routing skew that decides the busiest EP rank's work, a property of weights and prompt.
+        self.routed_counts: Tensor | None = None
 
     def route(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """Top-k expert ids [T, k] and their gates [T, k] for tokens t [T, dim]."""
         scores, idx = self.router(t).topk(self.top_k, dim=-1)
+        if self.routed_counts is not None:
+            self.routed_counts += torch.bincount(idx.reshape(-1), minlength=self.n_experts)
         return idx, torch.sigmoid(scores)
 
     def combine(self, t: Tensor, token: Tensor, y: Tensor, w: Tensor) -> Tensor:

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from plan.costmodel import Layout, Options, Workload, all_to_all_us, allreduce_us, predict
@@ -123,3 +124,15 @@ def test_calibrate_on_tp2_then_predict_other_layouts(tmp_path):
             assert 0.5 < ratio < 2.0, f"{name} {metric}: predicted {got:.3f}, measured {run[metric]:.3f}"
     r = run_cli("plan", "calibrate", str(tmp_path / "nope.json"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_expert_imbalance_from_routed_counts():
+    """Busiest EP rank's rows over the mean, per layer, summed over layers; contiguous expert slices."""
+    from plan.calibrate import expert_imbalance
+
+    hist = np.array([[30, 10, 10, 14], [16, 16, 16, 16]], float)  # layer 0: ranks get 40 and 24 at EP=2
+    assert expert_imbalance(hist, 1) == 1.0
+    assert expert_imbalance(hist, 2) == pytest.approx((40 + 32) / (32 + 32))
+    assert expert_imbalance(hist, 4) == pytest.approx((30 + 16) / (16 + 16))
+    with pytest.raises(PlanError):
+        expert_imbalance(hist, 3)

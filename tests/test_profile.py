@@ -184,6 +184,12 @@ def test_profile_cp_and_ep_runs_print_phases_and_attribute_the_axis(tmp_path, ax
     cat = {"cp": "cp_ring", "ep": "ep_all_to_all"}[axis]
     decode = res["ranks"][0]["phases"]["decode"]
     assert decode["categories"][cat]["total_us"] > 0
+    if axis == "ep":  # each EP rank counted the tokens it routed: together, every prompt token once per layer
+        from plan.calibrate import routed_histogram
+
+        hist = routed_histogram(out)
+        prompt = int(args[args.index("--prompt-len") + 1])
+        assert hist.shape == (2, 4) and (hist.sum(axis=1) == prompt).all()
 
 
 def test_profile_rejects_bad_layouts(tmp_path):
