@@ -54,6 +54,15 @@ class DDAError(RuntimeError):
     pass
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (taskset, cgroup cpusets), not the machine's count: the
+    spin-or-sleep decision and the oversubscription check are about the cores we really get."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # platforms without affinity
+        return os.cpu_count() or 1
+
+
 def shm_dir() -> Path:
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
 
@@ -156,7 +165,7 @@ class DDAComm:
             print(f"commprobe: DDA runs its torch fallback (slower): {why}", file=sys.stderr)
         # Spin only while our ranks fit on the cores (a spinning rank then wastes nothing but its
         # own idle core); oversubscribed, sleep at once so the rank we wait for can run.
-        cores = os.cpu_count() or 1
+        cores = usable_cores()
         env_spin = os.environ.get("COMMPROBE_DDA_SPIN_US")
         self.spin_us = spin_us if spin_us is not None else float(env_spin) if env_spin else (
             DEFAULT_SPIN_US if self.world_size <= cores else 0.0)

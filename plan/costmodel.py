@@ -180,11 +180,16 @@ def rates(hw: Hardware, world: int) -> tuple[float, float, float]:
     A rank has a device's compute unless a host's ranks outnumber its devices (then they
     time-share: a 2-core CPU running 4 ranks). Memory bandwidth is the device's (GPU HBM) or,
     with `mem_bw_scope = "host"`, the host's, shared by every rank on it (a CPU's memory bus)."""
-    hosts = math.ceil(world / hw.devices_per_host) if hw.mem_bw_scope == "device" else 1
-    on_host = math.ceil(world / hosts)
+    on_host = math.ceil(world / host_count(world, hw))
     share = max(1.0, on_host / hw.devices_per_host)
     mem = hw.bytes_per_us / (on_host if hw.mem_bw_scope == "host" else 1)
     return hw.flops_per_us / share, mem, share
+
+
+def host_count(world: int, hw: Hardware) -> int:
+    """Hosts a run of `world` ranks spans: devices_per_host ranks each on GPUs; one on a CPU
+    profile (`mem_bw_scope = "host"`), whose extra ranks time-share the cores instead."""
+    return math.ceil(world / hw.devices_per_host) if hw.mem_bw_scope == "device" else 1
 
 
 def group_time(flops: float, nbytes: float, flops_rate: float, mem_rate: float) -> float:
@@ -196,8 +201,9 @@ def _phase(w: Workload, lay: Layout, hw: Hardware, opt: Options, decode: bool) -
     m, b, e = w.model, w.batch, hw.dtype_bytes
     hd, tp, cp, ep = m.head_dim, lay.tp, lay.cp, lay.ep
     heads, kv = m.n_heads / tp, max(1.0, m.n_kv_heads / tp)  # KV heads replicate when TP > H_kv
+    per_host = math.ceil(lay.world / host_count(lay.world, hw))
     hosts_span = {  # does the axis's group cross hosts? (TP innermost, then CP, then EP)
-        "tp": tp > hw.devices_per_host, "cp": tp * cp > hw.devices_per_host, "ep": lay.world > hw.devices_per_host}
+        "tp": tp > per_host, "cp": tp * cp > per_host, "ep": lay.world > per_host}
     ring_alg = "ring" if opt.allreduce == "ring" else "dda"
     link = {a: hw.link(hosts_span[a], ring_alg) for a in AXES}
     if decode:
@@ -277,5 +283,5 @@ def _phase(w: Workload, lay: Layout, hw: Hardware, opt: Options, decode: bool) -
 
 def predict(w: Workload, lay: Layout, hw: Hardware, opt: Options = Options()) -> Prediction:
     check(w.model, lay, hw)
-    hosts = math.ceil(lay.world / hw.devices_per_host)
+    hosts = host_count(lay.world, hw)
     return Prediction(lay, opt, _phase(w, lay, hw, opt, False), _phase(w, lay, hw, opt, True), w.batch, hosts)

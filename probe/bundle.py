@@ -38,7 +38,9 @@ def write_json(path: Path, obj) -> None:
 def device_facts() -> dict:
     import torch
 
-    facts = {"kind": "cpu", "cpu_count": os.cpu_count(), "machine": platform.machine(),
+    from collectives.dda import usable_cores
+
+    facts = {"kind": "cpu", "cpu_count": os.cpu_count(), "usable_cores": usable_cores(), "machine": platform.machine(),
              "processor": _cpu_model()}
     if torch.cuda.is_available():
         facts.update(kind="rocm" if torch.version.hip else "cuda", name=torch.cuda.get_device_name(0),

@@ -117,7 +117,9 @@ def profile(
         if int(os.environ.get("RANK", 0)) != 0:
             return  # rank 0 prints the run's table
     else:
-        cores = os.cpu_count() or 1
+        from collectives.dda import usable_cores
+
+        cores = usable_cores()
         if cfg.world_size > cores and not oversubscribe:
             fail(f"world size {cfg.world_size} exceeds the {cores} CPU cores here; pass --oversubscribe to run anyway")
         console.print(f"[bold]commprobe profile[/]: preset {mcfg.name}, backend {','.join(backends)}, "
@@ -473,8 +475,10 @@ def bench_collectives(
         fail(str(e))
     if lo > hi or factor < 2 or world < 2 or batches < 1:
         fail("need --min <= --max, --factor >= 2, --world >= 2, --batches >= 1")
-    if world > (os.cpu_count() or 1) and not oversubscribe:
-        fail(f"world size {world} exceeds the {os.cpu_count()} CPU cores here; pass --oversubscribe to run anyway")
+    from collectives.dda import usable_cores
+
+    if world > usable_cores() and not oversubscribe:
+        fail(f"world size {world} exceeds the {usable_cores()} CPU cores here; pass --oversubscribe to run anyway")
     work = Path(tempfile.mkdtemp(prefix="commprobe-bench-"))
     cfg = SweepConfig(backends=backends, ops=ops, min_bytes=lo, max_bytes=hi, factor=factor, dtype=dtype,
                       batches=batches, progress_file=str(work / "progress"))
