@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.ctypeslib  # noqa: F401  (numpy imports it lazily, on the first trace otherwise)
 
 _SRC = Path(__file__).with_name("trace_scan.c")
 _i64, _i32, _dbl = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_double)
@@ -100,6 +101,7 @@ def load_scanner() -> tuple[ctypes.CDLL | None, str]:
                                 ctypes.POINTER(ctypes.c_char_p), _i32, _i32]
     lib.args_fields.restype = ctypes.POINTER(_Table)
     lib.table_free.argtypes, lib.table_free.restype = [ctypes.POINTER(_Table)], None
+    lib.scan_free_ptr.argtypes, lib.scan_free_ptr.restype = [ctypes.c_void_p], None
     _LIB = lib
     return lib, ""
 
@@ -128,10 +130,17 @@ def scan(data: bytes) -> Scanned | None:
         if s.err:
             return None
         n = s.n
-        return Scanned(_col(s.ts, n, np.float64), _col(s.dur, n, np.float64), _col(s.name, n, np.int32),
-                       _col(s.cat, n, np.int32), _col(s.tid, n, np.int32), _raws(data, s.names), _raws(data, s.cats),
-                       _raws(data, s.tids, b"0"), _col(s.args_off, n, np.int64), _col(s.args_len, n, np.int32),
-                       int(s.base_ns), data[s.dist_off:s.dist_off + s.dist_len] if s.dist_off >= 0 else None,
+
+        def take(name: str, dtype) -> np.ndarray:  # copy a column out, free it at once
+            out = _col(getattr(s, name), n, dtype)
+            lib.scan_free_ptr(ctypes.cast(getattr(s, name), ctypes.c_void_p))
+            setattr(s, name, None)  # NULL: trace_scan_free skips it
+            return out
+
+        return Scanned(take("ts", np.float64), take("dur", np.float64), take("name", np.int32), take("cat", np.int32),
+                       take("tid", np.int32), _raws(data, s.names), _raws(data, s.cats), _raws(data, s.tids, b"0"),
+                       take("args_off", np.int64), take("args_len", np.int32), int(s.base_ns),
+                       data[s.dist_off:s.dist_off + s.dist_len] if s.dist_off >= 0 else None,
                        data[s.meta_off:s.meta_off + s.meta_len] if s.meta_off >= 0 else None)
     finally:
         lib.trace_scan_free(res)

@@ -204,9 +204,12 @@ def _columns_native(data: bytes) -> _Columns | None:
     name_map, names = _dedupe(names)
     cat_map, cats = _dedupe(cats)
     tid_map, _ = _dedupe(tids)
+    for m, col in ((name_map, s.name_id), (cat_map, s.cat_id), (tid_map, s.tid_id)):
+        np.take(m, col, out=col)  # in place: no second copy of an event column
+    args_off, args_len = s.args_off, s.args_len  # the closure holds these, not the whole scan
 
     def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict]]:
-        ids, raws = native.args_fields(data, s.args_off[idx], s.args_len[idx], ARG_KEYS)
+        ids, raws = native.args_fields(data, args_off[idx], args_len[idx], ARG_KEYS)
         if not len(ids):
             return np.zeros(0, np.int32), []
         rows, inverse = np.unique(ids, axis=0, return_inverse=True)
@@ -214,8 +217,7 @@ def _columns_native(data: bytes) -> _Columns | None:
         dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
         return inverse.reshape(-1).astype(np.int32), dicts
 
-    return _Columns(s.ts, s.dur, name_map[s.name_id], cat_map[s.cat_id], tid_map[s.tid_id], names, cats, s.base_ns,
-                    s.dist_raw, s.meta_raw, args)
+    return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args)
 
 
 def _dedupe(values: list) -> tuple[np.ndarray, list]:
@@ -277,15 +279,23 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
         i = int(dur.argmin())
         raise TraceError(f"{path}: event {cols.names[cols.name_id[i]][:60]!r} has a negative duration ({dur[i]} µs)")
     order = np.argsort(ts, kind="stable")  # Kineto does not promise order; analyzers rely on it
-    name_id = cols.name_id[order].astype(np.int32)
+    del ts, dur
+
+    def sorted_col(name: str, dtype) -> np.ndarray:  # one column at a time, the unsorted one let go
+        out = getattr(cols, name)[order].astype(dtype, copy=False)
+        setattr(cols, name, None)
+        return out
+
+    ts, dur = sorted_col("ts", np.float64), sorted_col("dur", np.float64)
+    name_id, cat_id, tid_id = (sorted_col(c, np.int32) for c in ("name_id", "cat_id", "tid_id"))
     # Only communication candidates' args are ever read (ARG_KEYS of them); the input goes after this.
     cand = np.array([_may_need_args(n) for n in cols.names], dtype=bool)
     sorted_idx = np.flatnonzero(cand[name_id]) if len(cols.names) else np.zeros(0, np.int64)
     arg_row = np.full(len(ts), -1, np.int32)
     rows, dicts = cols.args(order[sorted_idx])
     arg_row[sorted_idx] = rows
-    return Trace(str(path), rank, ts[order], dur[order], name_id, cols.cat_id[order].astype(np.int32), cols.names,
-                 cols.cats, cols.tid_id[order].astype(np.int32), arg_row, dicts, cols.base_ns, dist, meta, len(data))
+    return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, cols.base_ns,
+                 dist, meta, len(data))
 
 
 _HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall", "broadcast", "barrier", "send",
@@ -341,6 +351,7 @@ def iter_traces(path: str | Path):
             if len(worlds) > 1:
                 raise TraceError(f"{path}: mixed traces: world sizes {sorted(worlds)} in one directory")
         yield t
+        del t  # not held while the next rank loads
 
 
 def load_traces(path: str | Path) -> list[Trace]:

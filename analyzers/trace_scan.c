@@ -455,3 +455,7 @@ void table_free(table_t *t) {
     free(t->off); free(t->len); free(t->hash); free(t->slot);
     free(t);
 }
+
+/* Free one column as soon as the caller has copied it (the peak is input + one column, not
+ * input + all columns twice). */
+void scan_free_ptr(void *p) { free(p); }

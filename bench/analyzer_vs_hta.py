@@ -7,7 +7,8 @@ HTA is used here only, never as a dependency. For each shared trace: HTA's comm/
 overlap (get_comm_comp_overlap) beside ours (whole trace, and per ProfilerStep: HTA analyzes
 one iteration by default), and the time of HTA (parse + overlap) against commprobe's whole
 `analyze` (load, classify, overlap, verdict), imports excluded for both, each in a fresh
-process so peak memory (ru_maxrss) is per tool. Then the same race on a generated 8-rank set.
+process so peak memory (ru_maxrss) is per tool; the time is the median of --repeats runs in that
+process (one for the generated set). Then the same race on a generated 8-rank set.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ from analyzers.analysis import analyze
 from analyzers.attribution import comm_comp_overlap, step_windows
 from analyzers.classify import classify
 from analyzers.trace import load_traces
-t = time.perf_counter()
-r = analyze(sys.argv[1])
-dt = time.perf_counter() - t
+times = []
+for _ in range(int(sys.argv[2])):  # median of repeats: single small runs are noise on this machine
+    t = time.perf_counter()
+    r = analyze(sys.argv[1])
+    times.append(time.perf_counter() - t)
+dt = sorted(times)[len(times) // 2]
 peak = hwm()  # analyze alone; the cross-check below loads every rank at once
 ov, steps = {{}}, {{}}
 for tr in load_traces(sys.argv[1]):
@@ -55,17 +59,21 @@ HTA = HWM.replace("{", "{{").replace("}", "}}") + """
 import sys, time, json, logging
 logging.disable(logging.WARNING)
 from hta.trace_analysis import TraceAnalysis
-t = time.perf_counter()
-a = TraceAnalysis(trace_dir=sys.argv[1])
-df = a.get_comm_comp_overlap(visualize=False)
-dt = time.perf_counter() - t
+times = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    a = TraceAnalysis(trace_dir=sys.argv[1])
+    df = a.get_comm_comp_overlap(visualize=False)
+    times.append(time.perf_counter() - t)
+dt = sorted(times)[len(times) // 2]
 ov = {{int(r["rank"]): float(r["comp_comm_overlap_pctg"]) for _, r in df.iterrows()}}
 print(json.dumps({{"s": dt, "rss": hwm(), "overlap": ov}}))
 """
 
 
-def run(code: str, path: Path) -> dict:
-    r = subprocess.run([sys.executable, "-c", code.format(root=str(ROOT)), str(path)], capture_output=True, text=True)
+def run(code: str, path: Path, repeats: int = 1) -> dict:
+    r = subprocess.run([sys.executable, "-c", code.format(root=str(ROOT)), str(path), str(repeats)],
+                       capture_output=True, text=True)
     if r.returncode:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:160]}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -127,6 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "traces" / "hta"))
     ap.add_argument("--generate-mb", type=float, default=580.0, help="total uncompressed MB of the 8-rank set (0: skip)")
+    ap.add_argument("--repeats", type=int, default=7, help="runs per tool and shared trace, in one process (median)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cp-vs-hta-"))
     try:
@@ -139,7 +148,8 @@ def main() -> None:
             generate(gen, 8, args.generate_mb / 8)
             cases.append(("generated 8 ranks", gen))
         for label, d in cases:
-            ours, hta = run(OURS, d), run(HTA, d)
+            k = 1 if label.startswith("generated") else args.repeats
+            ours, hta = run(OURS, d, k), run(HTA, d, k)
             mb = ours.get("bytes", 0) / 1e6
             def fmt_ov(x):
                 if "overlap" not in x:
