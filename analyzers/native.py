@@ -1,12 +1,14 @@
-"""The C trace scanner (`trace_scan.c`): JSON bytes to event columns in one pass.
+"""The C trace scanner (`trace_scan.c`): JSON to event columns, streamed in chunks.
 
 Why C: decoding a trace into one Python object per event and then building columns costs
 several times the trace's size in memory and most of the analyzer's time; the scanner writes
-ts, dur, name/cat ids and the byte spans of tid/args straight into arrays. It is compiled on
-first use with the system compiler (no build step at install, nothing for a laptop without a
-compiler to trip on) and cached per source and compiler. Without a compiler, or with
-COMMPROBE_PURE_PYTHON set, or on any input the scanner does not accept, the caller falls back
-to the msgspec decoder, which gives the same columns and names the problem in bad input.
+ts, dur and name/cat/tid ids straight into arrays and keeps the raw args of communication
+candidates only, reading the trace a chunk at a time, so memory holds one chunk plus the
+columns (about a fifth of the JSON), not the trace. It is compiled on first use with the
+system compiler (no build step at install, nothing for a laptop without a compiler to trip
+on) and cached per source and compiler. Without a compiler, or with COMMPROBE_PURE_PYTHON
+set, or on any input the scanner does not accept, the caller falls back to the msgspec
+decoder, which gives the same columns and names the problem in bad input.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,20 +26,8 @@ import numpy as np
 import numpy.ctypeslib  # noqa: F401  (numpy imports it lazily, on the first trace otherwise)
 
 _SRC = Path(__file__).with_name("trace_scan.c")
-_i64, _i32, _dbl = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_double)
-
-
-class _Table(ctypes.Structure):
-    _fields_ = [("n", ctypes.c_int64), ("cap", ctypes.c_int64), ("off", _i64), ("len", _i32),
-                ("hash", ctypes.POINTER(ctypes.c_uint32)), ("slot", _i32), ("nslots", ctypes.c_int64)]
-
-
-class _Scan(ctypes.Structure):
-    _fields_ = [("n", ctypes.c_int64), ("cap", ctypes.c_int64), ("ts", _dbl), ("dur", _dbl), ("name", _i32),
-                ("cat", _i32), ("tid", _i32), ("args_off", _i64), ("args_len", _i32),
-                ("names", _Table), ("cats", _Table), ("tids", _Table), ("base_ns", ctypes.c_int64), ("dist_off", ctypes.c_int64),
-                ("meta_off", ctypes.c_int64), ("dist_len", ctypes.c_int32), ("meta_len", ctypes.c_int32),
-                ("err_pos", ctypes.c_int64), ("err", ctypes.c_int32)]
+_i64, _i32 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)
+_vp, _cp = ctypes.c_void_p, ctypes.c_char_p
 
 
 @dataclass
@@ -51,11 +42,13 @@ class Scanned:
     name_raw: list[bytes]  # raw JSON tokens (quotes and escapes included); id 0: the field was missing
     cat_raw: list[bytes]
     tid_raw: list[bytes]
-    args_off: np.ndarray  # int64 offset of the raw args value (-1: missing)
+    args: bytes  # raw args of the events whose name carries a hint, back to back
+    args_off: np.ndarray  # int64 offset into args (-1: not kept)
     args_len: np.ndarray  # int32
     base_ns: int
     dist_raw: bytes | None
     meta_raw: bytes | None
+    nbytes: int  # input bytes scanned
 
 
 _LIB: ctypes.CDLL | None = None
@@ -95,55 +88,87 @@ def load_scanner() -> tuple[ctypes.CDLL | None, str]:
     except OSError as e:
         _WHY = f"could not build or load the trace scanner: {e}"
         return None, _WHY
-    lib.trace_scan.argtypes, lib.trace_scan.restype = [ctypes.c_char_p, ctypes.c_int64], ctypes.POINTER(_Scan)
-    lib.trace_scan_free.argtypes, lib.trace_scan_free.restype = [ctypes.POINTER(_Scan)], None
-    lib.args_fields.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, _i64, _i32, ctypes.c_int32,
-                                ctypes.POINTER(ctypes.c_char_p), _i32, _i32]
-    lib.args_fields.restype = ctypes.POINTER(_Table)
-    lib.table_free.argtypes, lib.table_free.restype = [ctypes.POINTER(_Table)], None
-    lib.scan_free_ptr.argtypes, lib.scan_free_ptr.restype = [ctypes.c_void_p], None
+    lib.scan_open.argtypes, lib.scan_open.restype = [ctypes.POINTER(_cp), ctypes.c_int32], _vp
+    lib.scan_close.argtypes, lib.scan_close.restype = [_vp], None
+    lib.scan_feed.argtypes, lib.scan_feed.restype = [_vp, _cp, ctypes.c_int64, ctypes.c_int32], ctypes.c_int64
+    lib.scan_error.argtypes, lib.scan_error.restype = [_vp], ctypes.c_int32
+    lib.scan_rows.argtypes, lib.scan_rows.restype = [_vp], ctypes.c_int64
+    lib.scan_base_ns.argtypes, lib.scan_base_ns.restype = [_vp], ctypes.c_int64
+    lib.scan_column.argtypes, lib.scan_column.restype = [_vp, ctypes.c_int32], _vp
+    lib.scan_drop_column.argtypes, lib.scan_drop_column.restype = [_vp, ctypes.c_int32], None
+    lib.scan_table.argtypes = [_vp, ctypes.c_int32, ctypes.POINTER(_i64), ctypes.POINTER(_i32), ctypes.POINTER(_vp)]
+    lib.scan_table.restype = ctypes.c_int64
+    lib.scan_arena.argtypes, lib.scan_arena.restype = [_vp, ctypes.c_int32, _i64], _vp
+    lib.args_fields.argtypes = [_cp, ctypes.c_int64, ctypes.c_int64, _i64, _i32, ctypes.c_int32, ctypes.POINTER(_cp),
+                                _i32, _i32]
+    lib.args_fields.restype = _vp
+    lib.table_entries.argtypes = [_vp, ctypes.POINTER(_i64), ctypes.POINTER(_i32), ctypes.POINTER(_vp)]
+    lib.table_entries.restype = ctypes.c_int64
+    lib.table_free.argtypes, lib.table_free.restype = [_vp], None
     _LIB = lib
     return lib, ""
 
 
-def _col(ptr, n: int, dtype) -> np.ndarray:
-    return np.ctypeslib.as_array(ptr, shape=(n,)).astype(dtype, copy=True) if n else np.zeros(0, dtype)
+_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("name_id", np.int32), ("cat_id", np.int32), ("tid_id", np.int32),
+            ("args_off", np.int64), ("args_len", np.int32))
 
 
-def _raws(data: bytes, t: _Table, missing: bytes = b'""') -> list[bytes]:
-    off, ln = _col(t.off, t.n, np.int64), _col(t.len, t.n, np.int64)
-    return [missing if o < 0 else data[o:o + k] for o, k in zip(off.tolist(), ln.tolist())]
+def _entries(n: int, off, length, base) -> list[bytes]:
+    offs = np.ctypeslib.as_array(off, shape=(n,)).tolist() if n else []
+    lens = np.ctypeslib.as_array(length, shape=(n,)).tolist() if n else []
+    return [ctypes.string_at(base.value + o, k) if k else b"" for o, k in zip(offs, lens)]
 
 
-def scan(data: bytes) -> Scanned | None:
-    """Columns of `data`'s complete events, or None (no scanner here, or input it does not accept)."""
+def _table(lib, s, which: int, missing: bytes) -> list[bytes]:
+    off, length, base = _i64(), _i32(), _vp()
+    n = lib.scan_table(s, which, ctypes.byref(off), ctypes.byref(length), ctypes.byref(base))
+    out = _entries(n, off, length, base)
+    return [missing] + out[1:] if out else out  # id 0: the field's default
+
+
+def _arena(lib, s, which: int) -> bytes | None:
+    n = ctypes.c_int64()
+    p = lib.scan_arena(s, which, ctypes.byref(n))
+    return None if n.value < 0 else ctypes.string_at(p, n.value) if n.value else b""
+
+
+def scan(chunks: Iterable[bytes], hints: tuple[str, ...]) -> Scanned | None:
+    """Columns of the complete events in the JSON that `chunks` yields (one chunk in memory at a
+    time), with the raw args of events whose name contains one of `hints`; None when there is
+    no scanner here or it does not accept the input (the caller then falls back to msgspec)."""
     if os.environ.get("COMMPROBE_PURE_PYTHON"):
         return None
     lib, _ = load_scanner()
     if lib is None:
         return None
-    res = lib.trace_scan(data, len(data))
-    if not res:
+    enc = [h.lower().encode() for h in hints]
+    s = lib.scan_open((_cp * len(enc))(*enc), len(enc))
+    if not s:
         return None
     try:
-        s = res.contents
-        if s.err:
+        tail, total = b"", 0
+        for chunk in chunks:
+            total += len(chunk)
+            buf = tail + chunk if tail else chunk
+            used = lib.scan_feed(s, buf, len(buf), 0)
+            if used < 0:
+                return None
+            tail = buf[used:]
+            del buf
+        if lib.scan_feed(s, tail, len(tail), 1) < 0 or lib.scan_error(s):
             return None
-        n = s.n
-
-        def take(name: str, dtype) -> np.ndarray:  # copy a column out, free it at once
-            out = _col(getattr(s, name), n, dtype)
-            lib.scan_free_ptr(ctypes.cast(getattr(s, name), ctypes.c_void_p))
-            setattr(s, name, None)  # NULL: trace_scan_free skips it
-            return out
-
-        return Scanned(take("ts", np.float64), take("dur", np.float64), take("name", np.int32), take("cat", np.int32),
-                       take("tid", np.int32), _raws(data, s.names), _raws(data, s.cats), _raws(data, s.tids, b"0"),
-                       take("args_off", np.int64), take("args_len", np.int32), int(s.base_ns),
-                       data[s.dist_off:s.dist_off + s.dist_len] if s.dist_off >= 0 else None,
-                       data[s.meta_off:s.meta_off + s.meta_len] if s.meta_off >= 0 else None)
+        n = lib.scan_rows(s)
+        cols = {}
+        for k, (name, dtype) in enumerate(_COLUMNS):  # copy each column out, free it at once
+            p = lib.scan_column(s, k)
+            cols[name] = (np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(np.ctypeslib.as_ctypes_type(dtype))),
+                                                shape=(n,)).copy() if n else np.zeros(0, dtype))
+            lib.scan_drop_column(s, k)
+        return Scanned(**cols, name_raw=_table(lib, s, 0, b'""'), cat_raw=_table(lib, s, 1, b'""'),
+                       tid_raw=_table(lib, s, 2, b"0"), args=_arena(lib, s, 0) or b"", base_ns=int(lib.scan_base_ns(s)),
+                       dist_raw=_arena(lib, s, 1), meta_raw=_arena(lib, s, 2), nbytes=total)
     finally:
-        lib.trace_scan_free(res)
+        lib.scan_close(s)
 
 
 def args_fields(data: bytes, off: np.ndarray, length: np.ndarray, keys: tuple[str, ...]) -> tuple[np.ndarray, list[bytes]]:
@@ -158,11 +183,12 @@ def args_fields(data: bytes, off: np.ndarray, length: np.ndarray, keys: tuple[st
     out = np.empty((n, len(keys)), np.int32)
     enc = [k.encode() for k in keys]
     t = lib.args_fields(data, len(data), n, off.ctypes.data_as(_i64), length.ctypes.data_as(_i32), len(keys),
-                        (ctypes.c_char_p * len(enc))(*enc), (ctypes.c_int32 * len(enc))(*map(len, enc)),
-                        out.ctypes.data_as(_i32))
+                        (_cp * len(enc))(*enc), (ctypes.c_int32 * len(enc))(*map(len, enc)), out.ctypes.data_as(_i32))
     if not t:
         raise MemoryError("args_fields: out of memory")
     try:
-        return out, _raws(data, t.contents, b"null")
+        o, ln, base = _i64(), _i32(), _vp()
+        m = lib.table_entries(t, ctypes.byref(o), ctypes.byref(ln), ctypes.byref(base))
+        return out, _entries(m, o, ln, base)
     finally:
         lib.table_free(t)

@@ -115,7 +115,11 @@ def max_trace_bytes() -> int:
     return 8 << 30
 
 
-def _read_bytes(path: Path) -> bytes:
+CHUNK = 8 << 20  # bytes of uncompressed trace the scanner sees at a time
+
+
+def _open_checked(path: Path):
+    """The open file, whether it is gzip, and the memory limit; refuses empty and too-large files."""
     try:
         size = path.stat().st_size
     except OSError as e:
@@ -123,27 +127,64 @@ def _read_bytes(path: Path) -> bytes:
     if size == 0:
         raise TraceError(f"{path}: empty file")
     limit = max_trace_bytes()
-    with open(path, "rb", buffering=0) as f:  # unbuffered: readall() sizes its buffer once (a buffered
-        head = f.read(2)                        # read after a seek grows it, twice the file at peak)
-        if head == b"\x1f\x8b":
-            # ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a cheap first guard.
-            f.seek(-4, os.SEEK_END)
-            isize = int.from_bytes(f.read(4), "little")
-            if max(isize, size) > limit:
-                raise TraceError(f"{path}: too large for memory here (~{max(isize, size) / 1e9:.1f} GB "
-                                 f"uncompressed, limit {limit / 1e9:.1f} GB); analyze fewer steps or ranks")
-            f.seek(0)
-            d = _inflate.decompressobj(wbits=31)  # gzip framing, CRC checked in C, one call
+    f = open(path, "rb", buffering=0)  # unbuffered: readall() sizes its buffer once (a buffered
+    gz = f.read(2) == b"\x1f\x8b"     # read after a seek grows it, twice the file at peak)
+    if gz:
+        # ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a cheap first guard.
+        f.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(f.read(4), "little")
+        if max(isize, size) > limit:
+            f.close()
+            raise TraceError(f"{path}: too large for memory here (~{max(isize, size) / 1e9:.1f} GB "
+                             f"uncompressed, limit {limit / 1e9:.1f} GB); analyze fewer steps or ranks")
+    elif size > limit:
+        f.close()
+        raise TraceError(f"{path}: too large for memory here ({size / 1e9:.1f} GB, limit {limit / 1e9:.1f} GB)")
+    f.seek(0)
+    return f, gz, limit
+
+
+def _gzip_error(path: Path, e: Exception) -> TraceError:
+    return TraceError(f"{path}: truncated or corrupt gzip ({e})")
+
+
+def _iter_chunks(path: Path):
+    """The trace's uncompressed bytes in pieces of about CHUNK (what the streaming scanner reads)."""
+    f, gz, limit = _open_checked(path)
+    with f:
+        if not gz:
+            while piece := f.read(CHUNK):
+                yield piece
+            return
+        d, total = _inflate.decompressobj(wbits=31), 0  # gzip framing, CRC checked in C
+        while not d.eof:
+            raw = d.unconsumed_tail or f.read(1 << 20)
+            if not raw:
+                raise TraceError(f"{path}: truncated or corrupt gzip (stream ends early)")
+            try:
+                out = d.decompress(raw, CHUNK)
+            except (zlib.error, _inflate.error) as e:
+                raise _gzip_error(path, e) from None
+            total += len(out)
+            if total > limit:
+                raise TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
+            if out:
+                yield out
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The whole uncompressed trace at once (the msgspec path)."""
+    f, gz, limit = _open_checked(path)
+    with f:
+        if gz:
+            d = _inflate.decompressobj(wbits=31)
             try:
                 data = d.decompress(f.read(), limit + 1)
             except (zlib.error, _inflate.error) as e:
-                raise TraceError(f"{path}: truncated or corrupt gzip ({e})") from None
+                raise _gzip_error(path, e) from None
             if not d.eof and len(data) <= limit:
                 raise TraceError(f"{path}: truncated or corrupt gzip (stream ends early)")
         else:
-            if size > limit:
-                raise TraceError(f"{path}: too large for memory here ({size / 1e9:.1f} GB, limit {limit / 1e9:.1f} GB)")
-            f.seek(0)
             data = f.readall()
     if len(data) > limit:
         raise TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
@@ -188,11 +229,12 @@ class _Columns:
     dist_raw: bytes | None
     meta_raw: bytes | None
     args: Callable[[np.ndarray], tuple[np.ndarray, list[dict]]]
+    nbytes: int  # uncompressed input size
 
 
-def _columns_native(data: bytes) -> _Columns | None:
-    """The C scanner's columns (native.py), or None to fall back to msgspec."""
-    s = native.scan(data)
+def _columns_native(path: Path) -> _Columns | None:
+    """The C scanner's columns, streamed from the file (native.py), or None to fall back to msgspec."""
+    s = native.scan(_iter_chunks(path), _HINTS)
     if s is None:
         return None
     try:  # each distinct raw token decoded once (escapes and UTF-8 checked by msgspec)
@@ -206,10 +248,10 @@ def _columns_native(data: bytes) -> _Columns | None:
     tid_map, _ = _dedupe(tids)
     for m, col in ((name_map, s.name_id), (cat_map, s.cat_id), (tid_map, s.tid_id)):
         np.take(m, col, out=col)  # in place: no second copy of an event column
-    args_off, args_len = s.args_off, s.args_len  # the closure holds these, not the whole scan
+    raw_args, args_off, args_len = s.args, s.args_off, s.args_len  # the closure holds these, not the whole scan
 
     def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict]]:
-        ids, raws = native.args_fields(data, args_off[idx], args_len[idx], ARG_KEYS)
+        ids, raws = native.args_fields(raw_args, args_off[idx], args_len[idx], ARG_KEYS)
         if not len(ids):
             return np.zeros(0, np.int32), []
         rows, inverse = np.unique(ids, axis=0, return_inverse=True)
@@ -217,7 +259,8 @@ def _columns_native(data: bytes) -> _Columns | None:
         dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
         return inverse.reshape(-1).astype(np.int32), dicts
 
-    return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args)
+    return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args,
+                    s.nbytes)
 
 
 def _dedupe(values: list) -> tuple[np.ndarray, list]:
@@ -248,7 +291,7 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
     return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
                     name_id[keep], cat_id[keep], tid_id[keep], list(names), list(cats), top.baseTimeNanoseconds,
                     None if top.distributedInfo == b"null" else bytes(top.distributedInfo),
-                    None if top.commprobe == b"null" else bytes(top.commprobe), args)
+                    None if top.commprobe == b"null" else bytes(top.commprobe), args, len(data))
 
 
 def _decode_meta(raw: bytes | None):
@@ -265,8 +308,7 @@ def _decode_meta(raw: bytes | None):
 
 def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     path = Path(path)
-    data = _read_bytes(path)
-    cols = _columns_native(data) or _columns_msgspec(path, data)
+    cols = _columns_native(path) or _columns_msgspec(path, _read_bytes(path))
     dist, meta = _decode_meta(cols.dist_raw), _decode_meta(cols.meta_raw)
     if rank is None:
         if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
@@ -295,7 +337,7 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     rows, dicts = cols.args(order[sorted_idx])
     arg_row[sorted_idx] = rows
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, cols.base_ns,
-                 dist, meta, len(data))
+                 dist, meta, cols.nbytes)
 
 
 _HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall", "broadcast", "barrier", "send",

@@ -1,37 +1,51 @@
-/* JSON trace -> columns, in one pass, without one Python object per event.
+/* JSON trace -> columns, streamed: the input arrives in chunks and no Python object exists per event.
  *
  * Reads a Kineto/Chrome trace (an object with "traceEvents", or a bare array of events) and
- * returns, for every complete ("ph": "X") event: ts, dur, interned name, cat and tid ids, and
- * the byte span of its "args" (read later, by args_fields, only for the few events that need
- * them). Strings are interned by their raw bytes; Python decodes each distinct one
- * once. Any input this scanner does not accept (malformed JSON, a field of an unexpected type)
- * makes it return an error and the caller falls back to the msgspec decoder, which then names
- * the problem; so this file only has to be right on the happy path and strict elsewhere.
+ * keeps, for every complete ("ph": "X") event: ts, dur, and interned name, cat and tid ids; for
+ * events whose name may be communication (a hint substring, case-insensitive), the raw bytes
+ * of their "args", for args_fields to read a few keys from later. Strings are interned by their
+ * raw bytes, copied into the scanner's own arenas, so a chunk can be dropped once scanned:
+ * memory is one chunk plus the columns, not the whole trace. Python decodes each distinct string
+ * once. scan_feed returns how many bytes it consumed; an event (or top-level value) cut by the
+ * chunk's end is left for the next call. Any input the scanner does not accept (malformed JSON,
+ * a field of an unexpected type) sets err and the caller falls back to the msgspec decoder,
+ * which names the problem; so this file only has to be right on the happy path and strict
+ * elsewhere.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
+    char *p;
     int64_t n, cap;
-    int64_t *off;
+} arena_t;
+
+typedef struct {
+    int64_t n, cap;
+    int64_t *off; /* into bytes */
     int32_t *len;
     uint32_t *hash;
+    uint8_t *flag; /* names: 1 when a hint occurs in it (its events' args are kept) */
     int32_t *slot; /* open addressing: id + 1, 0 = empty */
     int64_t nslots;
+    arena_t bytes;
 } table_t;
 
 typedef struct {
     int64_t n, cap;
     double *ts, *dur;
-    int32_t *name, *cat;
-    int32_t *tid;
-    int64_t *args_off;
+    int32_t *name, *cat, *tid;
+    int64_t *args_off; /* into args, -1: not kept */
     int32_t *args_len;
     table_t names, cats, tids;
+    arena_t args, dist, meta;
     int64_t base_ns;
-    int64_t dist_off, meta_off;
-    int32_t dist_len, meta_len;
+    int32_t has_dist, has_meta;
+    int32_t state; /* 0 start, 1 object: key or '}', 2 events: event or ']', 3 object: ',' or '}', 4 done */
+    int32_t bare, found, first, after_comma;
+    char **hints; /* lower-case */
+    int32_t nhints;
     int64_t err_pos;
     int32_t err; /* 0 ok, 1 malformed JSON, 2 unexpected type, 3 out of memory, 4 no events array */
 } scan_t;
@@ -58,7 +72,7 @@ static int skip_string(cur_t *c) {
         p++; /* a backslash: one escape */
         if (p >= e) { c->p = p; FAIL(c, 1); }
         if (*p == 'u') {
-            if (e - p < 5) { c->p = p; FAIL(c, 1); }
+            if (e - p < 5) { c->p = e; FAIL(c, 1); } /* cut by the chunk's end (or truncated) */
             for (int k = 1; k <= 4; k++) {
                 unsigned char h = p[k];
                 if (!((h >= '0' && h <= '9') || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F'))) { c->p = p; FAIL(c, 1); }
@@ -155,8 +169,9 @@ static int skip_container(cur_t *c, int depth) {
 }
 
 static int literal(cur_t *c, const char *word) {
-    size_t n = strlen(word);
-    if ((size_t)(c->e - c->p) < n || memcmp(c->p, word, n)) FAIL(c, 1);
+    size_t n = strlen(word), have = (size_t)(c->e - c->p);
+    if (have < n && !memcmp(c->p, word, have)) { c->p = c->e; FAIL(c, 1); } /* cut by the chunk's end */
+    if (have < n || memcmp(c->p, word, n)) FAIL(c, 1);
     c->p += n;
     return 0;
 }
@@ -186,7 +201,37 @@ static int grow(void **p, int64_t cap, size_t elem) {
     return 0;
 }
 
-static int32_t intern(cur_t *c, table_t *t, const unsigned char *p, int32_t n) {
+static int64_t arena_put(arena_t *a, const void *p, int64_t n) {
+    if (a->n + n > a->cap) {
+        int64_t cap = a->cap ? a->cap : 4096;
+        while (cap < a->n + n) cap *= 2;
+        if (grow((void **)&a->p, cap, 1)) return -1;
+        a->cap = cap;
+    }
+    memcpy(a->p + a->n, p, (size_t)n);
+    a->n += n;
+    return a->n - n;
+}
+
+static int has_hint(scan_t *s, const unsigned char *p, int32_t n) {
+    for (int32_t h = 0; h < s->nhints; h++) {
+        size_t k = strlen(s->hints[h]);
+        for (int32_t i = 0; i + (int32_t)k <= n; i++) {
+            size_t j = 0;
+            while (j < k) {
+                unsigned char ch = p[i + j];
+                if (ch >= 'A' && ch <= 'Z') ch = (unsigned char)(ch - 'A' + 'a');
+                if (ch != (unsigned char)s->hints[h][j]) break;
+                j++;
+            }
+            if (j == k) return 1;
+        }
+    }
+    return 0;
+}
+
+/* The id of raw token p[0..n) in t, added (bytes copied) when new. */
+static int32_t intern(scan_t *s, table_t *t, const unsigned char *p, int32_t n, int flag) {
     uint32_t h = hash_bytes(p, n);
     if ((t->n + 1) * 2 > t->nslots) {
         int64_t ns = t->nslots ? t->nslots * 2 : 1024;
@@ -204,17 +249,22 @@ static int32_t intern(cur_t *c, table_t *t, const unsigned char *p, int32_t n) {
     int64_t j = h & (t->nslots - 1);
     while (t->slot[j]) {
         int32_t id = t->slot[j] - 1;
-        if (t->hash[id] == h && t->len[id] == n && !memcmp(c->b + t->off[id], p, (size_t)n)) return id;
+        if (t->hash[id] == h && t->len[id] == n && !memcmp(t->bytes.p + t->off[id], p, (size_t)n)) return id;
         j = (j + 1) & (t->nslots - 1);
     }
     if (t->n == t->cap) {
         int64_t cap = t->cap ? t->cap * 2 : 256;
-        if (grow((void **)&t->off, cap, 8) || grow((void **)&t->len, cap, 4) || grow((void **)&t->hash, cap, 4)) return -1;
+        if (grow((void **)&t->off, cap, 8) || grow((void **)&t->len, cap, 4) || grow((void **)&t->hash, cap, 4) ||
+            grow((void **)&t->flag, cap, 1))
+            return -1;
         t->cap = cap;
     }
-    t->off[t->n] = (int64_t)(p - c->b);
+    int64_t off = arena_put(&t->bytes, p, n);
+    if (off < 0) return -1;
+    t->off[t->n] = off;
     t->len[t->n] = n;
     t->hash[t->n] = h;
+    t->flag[t->n] = (uint8_t)(flag && has_hint(s, p, n));
     t->slot[j] = (int32_t)(t->n + 1);
     return (int32_t)t->n++;
 }
@@ -236,14 +286,15 @@ static inline int key_is(const unsigned char *k, int32_t n, const char *lit) {
 
 /* One event object; appends a row when its ph is "X". Fields are read only when typed as the
  * msgspec path expects (ph/name/cat: string; ts/dur: number; tid: integer or string). */
-static int event(cur_t *c, int32_t empty_name, int32_t empty_cat) {
+static int event(cur_t *c) {
     scan_t *s = c->s;
-    if (c->p >= c->e || *c->p != '{') FAIL(c, 2);
+    if (c->p >= c->e) FAIL(c, 1);
+    if (*c->p != '{') FAIL(c, 2);
     c->p++;
     int is_x = 0;
     double ts = 0, dur = 0;
-    int32_t name = empty_name, cat = empty_cat, tid = 0, args_len = 0;
-    int64_t args_off = -1;
+    int32_t name = 0, cat = 0, tid = 0, args_len = 0;
+    const unsigned char *args = NULL;
     ws(c);
     if (c->p < c->e && *c->p == '}') { c->p++; return 0; }
     for (;;) {
@@ -261,11 +312,12 @@ static int event(cur_t *c, int32_t empty_name, int32_t empty_cat) {
         if (key_is(k, kn, "ph")) {
             if (*v != '"') FAIL(c, 2);
             if (skip_string(c)) return -1;
+            if (memchr(v + 1, '\\', (size_t)(c->p - v - 1))) FAIL(c, 2); /* an escaped ph: msgspec decides */
             is_x = c->p - v == 3 && v[1] == 'X';
         } else if (key_is(k, kn, "name") || key_is(k, kn, "cat")) {
             if (*v != '"') FAIL(c, 2);
             if (skip_string(c)) return -1;
-            int32_t id = intern(c, kn == 4 ? &s->names : &s->cats, v, (int32_t)(c->p - v));
+            int32_t id = intern(s, kn == 4 ? &s->names : &s->cats, v, (int32_t)(c->p - v), kn == 4);
             if (id < 0) FAIL(c, 3);
             if (kn == 4) name = id; else cat = id;
         } else if (key_is(k, kn, "ts") || key_is(k, kn, "dur")) {
@@ -278,11 +330,12 @@ static int event(cur_t *c, int32_t empty_name, int32_t empty_cat) {
             else if (*v == '-' || (*v >= '0' && *v <= '9')) { if (number(c, NULL, &is_int)) return -1; }
             else FAIL(c, 2);
             if (!is_int) FAIL(c, 2);
-            tid = intern(c, &s->tids, v, (int32_t)(c->p - v));
+            if (c->p >= c->e) FAIL(c, 1); /* a number cut by the chunk's end may go on: not interned yet */
+            tid = intern(s, &s->tids, v, (int32_t)(c->p - v), 0);
             if (tid < 0) FAIL(c, 3);
         } else if (key_is(k, kn, "args")) {
             if (skip_value(c, 1)) return -1;
-            args_off = v - c->b;
+            args = v;
             args_len = (int32_t)(c->p - v);
         } else if (skip_value(c, 1)) return -1;
         ws(c);
@@ -299,117 +352,188 @@ static int event(cur_t *c, int32_t empty_name, int32_t empty_cat) {
     s->name[i] = name;
     s->cat[i] = cat;
     s->tid[i] = tid;
-    s->args_off[i] = args_off;
-    s->args_len[i] = args_len;
+    s->args_off[i] = -1;
+    s->args_len[i] = 0;
+    if (args && s->names.flag[name]) {
+        int64_t off = arena_put(&s->args, args, args_len);
+        if (off < 0) FAIL(c, 3);
+        s->args_off[i] = off;
+        s->args_len[i] = args_len;
+    }
     return 0;
 }
 
-static int events(cur_t *c) {
-    if (*c->p != '[') FAIL(c, 2);
-    c->p++;
-    ws(c);
-    if (c->p < c->e && *c->p == ']') { c->p++; return 0; }
-    for (;;) {
-        ws(c);
-        if (event(c, 0, 0)) return -1;
-        ws(c);
-        if (c->p >= c->e) FAIL(c, 1);
-        if (*c->p == ',') { c->p++; continue; }
-        if (*c->p == ']') { c->p++; return 0; }
-        FAIL(c, 1);
-    }
-}
-
-static void reserve_empty(table_t *t) {
-    /* id 0: the field's default, for events without it (offset -1, length 0) */
+static void table_init(table_t *t) {
+    /* id 0: the field's default, for events without it (no bytes) */
     t->cap = 256;
     t->off = malloc(256 * 8);
     t->len = malloc(256 * 4);
     t->hash = malloc(256 * 4);
-    if (t->off && t->len && t->hash) { t->off[0] = -1; t->len[0] = 0; t->hash[0] = 0; t->n = 1; }
+    t->flag = malloc(256);
+    if (t->off && t->len && t->hash && t->flag) { t->off[0] = 0; t->len[0] = 0; t->hash[0] = 0; t->flag[0] = 0; t->n = 1; }
 }
 
-void trace_scan_free(scan_t *s) {
-    if (!s) return;
-    free(s->ts); free(s->dur); free(s->name); free(s->cat);
-    free(s->tid); free(s->args_off); free(s->args_len);
-    table_t *ts[3] = {&s->names, &s->cats, &s->tids};
-    for (int i = 0; i < 3; i++) { free(ts[i]->off); free(ts[i]->len); free(ts[i]->hash); free(ts[i]->slot); }
-    free(s);
+static void table_release(table_t *t) {
+    free(t->off); free(t->len); free(t->hash); free(t->flag); free(t->slot); free(t->bytes.p);
 }
 
-scan_t *trace_scan(const char *buf, int64_t len) {
+scan_t *scan_open(const char *const *hints, int32_t nhints) {
     scan_t *s = calloc(1, sizeof(scan_t));
     if (!s) return NULL;
-    s->dist_off = s->meta_off = -1;
-    reserve_empty(&s->names);
-    reserve_empty(&s->cats);
-    reserve_empty(&s->tids);
-    if (!s->names.n || !s->cats.n || !s->tids.n) { s->err = 3; return s; }
-    cur_t c = {(const unsigned char *)buf, (const unsigned char *)buf, (const unsigned char *)buf + len, s};
-    cur_t *cp = &c;
-    int found = 0;
-    ws(cp);
-    if (c.p >= c.e) { s->err = 1; return s; }
-    if (*c.p == '[') {
-        if (events(cp)) return s;
-        found = 1;
-    } else if (*c.p == '{') {
-        c.p++;
-        ws(cp);
-        if (c.p < c.e && *c.p == '}') c.p++;
-        else for (;;) {
-            ws(cp);
-            if (c.p >= c.e || *c.p != '"') { s->err = 1; s->err_pos = c.p - c.b; return s; }
-            const unsigned char *k = c.p + 1;
-            if (skip_string(cp)) return s;
-            int32_t kn = (int32_t)(c.p - 1 - k);
-            ws(cp);
-            if (c.p >= c.e || *c.p != ':') { s->err = 1; s->err_pos = c.p - c.b; return s; }
-            c.p++;
-            ws(cp);
-            const unsigned char *v = c.p;
-            if (key_is(k, kn, "traceEvents")) {
-                if (events(cp)) return s;
-                found = 1;
-            } else if (key_is(k, kn, "baseTimeNanoseconds")) {
-                /* an integer (int64); anything else: let msgspec judge it */
-                int64_t x = 0;
-                int neg = 0;
-                if (c.p < c.e && *c.p == '-') { neg = 1; c.p++; }
-                if (c.p >= c.e || *c.p < '0' || *c.p > '9') { s->err = 2; return s; }
-                while (c.p < c.e && *c.p >= '0' && *c.p <= '9') {
-                    if (x > (INT64_MAX - 9) / 10) { s->err = 2; return s; }
-                    x = x * 10 + (*c.p++ - '0');
-                }
-                if (c.p < c.e && (*c.p == '.' || *c.p == 'e' || *c.p == 'E')) { s->err = 2; return s; }
-                s->base_ns = neg ? -x : x;
-            } else {
-                if (skip_value(cp, 1)) return s;
-                if (key_is(k, kn, "distributedInfo")) { s->dist_off = v - c.b; s->dist_len = (int32_t)(c.p - v); }
-                if (key_is(k, kn, "commprobe")) { s->meta_off = v - c.b; s->meta_len = (int32_t)(c.p - v); }
-            }
-            ws(cp);
-            if (c.p >= c.e) { s->err = 1; s->err_pos = c.p - c.b; return s; }
-            if (*c.p == ',') { c.p++; continue; }
-            if (*c.p == '}') { c.p++; break; }
-            s->err = 1;
-            s->err_pos = c.p - c.b;
-            return s;
-        }
-    } else {
-        s->err = 2;
-        return s;
+    table_init(&s->names);
+    table_init(&s->cats);
+    table_init(&s->tids);
+    s->hints = calloc((size_t)nhints + 1, sizeof(char *));
+    if (!s->names.n || !s->cats.n || !s->tids.n || !s->hints) { s->err = 3; return s; }
+    for (int32_t i = 0; i < nhints; i++) {
+        s->hints[i] = strdup(hints[i]);
+        if (!s->hints[i]) { s->err = 3; return s; }
     }
-    ws(cp);
-    if (c.p != c.e) { s->err = 1; s->err_pos = c.p - c.b; return s; }
-    if (!found) s->err = 4;
+    s->nhints = nhints;
     return s;
 }
 
-/* The values of a few named keys of each given "args" object (spans found by trace_scan in the
- * same buffer, so already valid JSON), interned by raw bytes: out[i * nkeys + k] is the id of
- * event i's value for keys[k] in the returned table, or -1 when absent. */
+void scan_close(scan_t *s) {
+    if (!s) return;
+    free(s->ts); free(s->dur); free(s->name); free(s->cat); free(s->tid); free(s->args_off); free(s->args_len);
+    table_release(&s->names);
+    table_release(&s->cats);
+    table_release(&s->tids);
+    free(s->args.p); free(s->dist.p); free(s->meta.p);
+    for (int32_t i = 0; i < s->nhints; i++) free(s->hints[i]);
+    free(s->hints);
+    free(s);
+}
+
+/* Scan as much of buf as holds complete units (events, top-level values); returns the bytes
+ * consumed (the caller keeps the rest and appends the next chunk), or -1 on error (s->err).
+ * final: no more input follows (a cut unit is then an error, and the document must be done). */
+int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
+    if (s->err) return -1;
+    cur_t c = {(const unsigned char *)buf, (const unsigned char *)buf, (const unsigned char *)buf + len, s};
+    for (;;) {
+        ws(&c);
+        const unsigned char *mark = c.p; /* everything before is consumed */
+        if (c.p >= c.e) {
+            if (final && s->state != 4) { s->err = 1; s->err_pos = len; return -1; }
+            return (int64_t)(mark - c.b);
+        }
+        int rc = 0;
+        unsigned char ch = *c.p;
+        switch (s->state) {
+        case 0:
+            if (ch == '[') { s->bare = s->found = 1; s->state = 2; s->first = 1; s->after_comma = 0; c.p++; }
+            else if (ch == '{') { s->state = 1; s->first = 1; c.p++; }
+            else { s->err = 2; return -1; }
+            break;
+        case 1: {
+            if (ch == '}' && s->first) { c.p++; s->state = 4; break; }
+            if (ch != '"') { c.p = mark; s->err = 1; s->err_pos = c.p - c.b; return -1; }
+            const unsigned char *k = c.p + 1;
+            if ((rc = skip_string(&c))) break;
+            int32_t kn = (int32_t)(c.p - 1 - k);
+            ws(&c);
+            if (c.p >= c.e) { s->err = 1; s->err_pos = len; rc = -1; break; }
+            if (*c.p != ':') { s->err = 1; s->err_pos = c.p - c.b; return -1; }
+            c.p++;
+            ws(&c);
+            if (c.p >= c.e) { s->err = 1; s->err_pos = len; rc = -1; break; }
+            const unsigned char *v = c.p;
+            if (key_is(k, kn, "traceEvents")) {
+                if (*c.p != '[') { s->err = 2; return -1; }
+                c.p++;
+                s->found = 1; s->state = 2; s->first = 1; s->after_comma = 0;
+                break;
+            }
+            if (key_is(k, kn, "baseTimeNanoseconds")) {
+                int64_t x = 0;
+                int neg = 0;
+                if (*c.p == '-') { neg = 1; c.p++; }
+                if (c.p >= c.e) { s->err = 1; s->err_pos = len; rc = -1; break; }
+                if (*c.p < '0' || *c.p > '9') { s->err = 2; return -1; }
+                while (c.p < c.e && *c.p >= '0' && *c.p <= '9') {
+                    if (x > (INT64_MAX - 9) / 10) { s->err = 2; return -1; }
+                    x = x * 10 + (*c.p++ - '0');
+                }
+                if (c.p < c.e && (*c.p == '.' || *c.p == 'e' || *c.p == 'E')) { s->err = 2; return -1; }
+                s->base_ns = neg ? -x : x;
+            } else if ((rc = skip_value(&c, 1))) {
+                break;
+            }
+            if (c.p >= c.e && !final) { s->err = 1; s->err_pos = len; rc = -1; break; } /* may continue */
+            if (key_is(k, kn, "distributedInfo") || key_is(k, kn, "commprobe")) {
+                arena_t *a = kn == 15 ? &s->dist : &s->meta;
+                a->n = 0;
+                if (arena_put(a, v, c.p - v) < 0) { s->err = 3; return -1; }
+                if (kn == 15) s->has_dist = 1; else s->has_meta = 1;
+            }
+            s->state = 3;
+            break;
+        }
+        case 3:
+            if (ch == ',') { c.p++; s->state = 1; s->first = 0; }
+            else if (ch == '}') { c.p++; s->state = 4; }
+            else { s->err = 1; s->err_pos = c.p - c.b; return -1; }
+            break;
+        case 2:
+            if (ch == ']' && !s->after_comma) { c.p++; s->state = s->bare ? 4 : 3; break; }
+            if (ch == ',' && !s->first && !s->after_comma) { c.p++; s->after_comma = 1; break; }
+            if (!s->first && !s->after_comma) { s->err = 1; s->err_pos = c.p - c.b; return -1; }
+            rc = event(&c);
+            if (!rc) { s->first = 0; s->after_comma = 0; }
+            break;
+        default: /* 4: only whitespace may follow */
+            s->err = 1;
+            s->err_pos = c.p - c.b;
+            return -1;
+        }
+        if (rc) {
+            if (!final && s->err == 1 && s->err_pos >= len) { /* cut by the chunk's end: next call */
+                s->err = 0;
+                s->err_pos = 0;
+                return (int64_t)(mark - c.b);
+            }
+            return -1;
+        }
+    }
+}
+
+int32_t scan_error(scan_t *s) { return s->err ? s->err : (s->found ? 0 : 4); }
+int64_t scan_rows(scan_t *s) { return s->n; }
+int64_t scan_base_ns(scan_t *s) { return s->base_ns; }
+
+/* Columns: 0 ts, 1 dur, 2 name, 3 cat, 4 tid, 5 args_off, 6 args_len. */
+void *scan_column(scan_t *s, int32_t which) {
+    void *cols[7] = {s->ts, s->dur, s->name, s->cat, s->tid, s->args_off, s->args_len};
+    return which >= 0 && which < 7 ? cols[which] : NULL;
+}
+
+/* Free one column as soon as the caller has copied it. */
+void scan_drop_column(scan_t *s, int32_t which) {
+    void **cols[7] = {(void **)&s->ts, (void **)&s->dur, (void **)&s->name, (void **)&s->cat, (void **)&s->tid,
+                      (void **)&s->args_off, (void **)&s->args_len};
+    if (which >= 0 && which < 7) { free(*cols[which]); *cols[which] = NULL; }
+}
+
+/* String tables: 0 names, 1 cats, 2 tids; their size, each entry's (offset, length) in bytes. */
+int64_t scan_table(scan_t *s, int32_t which, int64_t **off, int32_t **len, char **bytes) {
+    table_t *t = which == 0 ? &s->names : which == 1 ? &s->cats : &s->tids;
+    *off = t->off;
+    *len = t->len;
+    *bytes = t->bytes.p;
+    return t->n;
+}
+
+/* Raw arenas: 0 args, 1 distributedInfo, 2 commprobe (length -1: absent). */
+char *scan_arena(scan_t *s, int32_t which, int64_t *len) {
+    arena_t *a = which == 0 ? &s->args : which == 1 ? &s->dist : &s->meta;
+    *len = which == 1 && !s->has_dist ? -1 : which == 2 && !s->has_meta ? -1 : a->n;
+    return a->p;
+}
+
+/* The values of a few named keys of each given "args" object (raw bytes at buf + off[i], already
+ * valid JSON), interned by raw bytes: out[i * nkeys + k] is the id of event i's value for keys[k]
+ * in the returned table, or -1 when absent. */
 table_t *args_fields(const char *buf, int64_t len, int64_t n, const int64_t *off, const int32_t *alen, int32_t nkeys,
                      const char *const *keys, const int32_t *klen, int32_t *out) {
     scan_t tmp;
@@ -437,8 +561,8 @@ table_t *args_fields(const char *buf, int64_t len, int64_t n, const int64_t *off
             if (skip_value(&c, 1)) break;
             for (int32_t k = 0; k < nkeys; k++) {
                 if (klen[k] == kn && !memcmp(keys[k], kk, (size_t)kn)) {
-                    int32_t id = intern(&c, t, v, (int32_t)(c.p - v));
-                    if (id < 0) { free(t->off); free(t->len); free(t->hash); free(t->slot); free(t); return NULL; }
+                    int32_t id = intern(&tmp, t, v, (int32_t)(c.p - v), 0);
+                    if (id < 0) { table_release(t); free(t); return NULL; }
                     out[i * nkeys + k] = id;
                 }
             }
@@ -452,10 +576,14 @@ table_t *args_fields(const char *buf, int64_t len, int64_t n, const int64_t *off
 
 void table_free(table_t *t) {
     if (!t) return;
-    free(t->off); free(t->len); free(t->hash); free(t->slot);
+    table_release(t);
     free(t);
 }
 
-/* Free one column as soon as the caller has copied it (the peak is input + one column, not
- * input + all columns twice). */
-void scan_free_ptr(void *p) { free(p); }
+/* A table's size and each entry's (offset, length) in its bytes (for args_fields' result). */
+int64_t table_entries(table_t *t, int64_t **off, int32_t **len, char **bytes) {
+    *off = t->off;
+    *len = t->len;
+    *bytes = t->bytes.p;
+    return t->n;
+}
