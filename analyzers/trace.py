@@ -101,24 +101,28 @@ class Trace:
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
-def max_trace_bytes() -> int:
-    """Refuse traces whose decoded size would not fit comfortably: about a third of free memory."""
+def max_trace_bytes(streamed: bool = False) -> int:
+    """The largest uncompressed trace we take on: whole-trace decoding (msgspec) needs several
+    times the trace in memory, so about a third of free memory; the streaming scanner needs one
+    chunk plus columns of about a fifth of the trace, so up to twice free memory.
+    COMMPROBE_MAX_TRACE_BYTES sets one limit for both."""
     env = os.environ.get("COMMPROBE_MAX_TRACE_BYTES")
     if env:
         return int(env)
+    avail = 24 << 30
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 // 3
+                avail = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 8 << 30
+    return avail * 2 if streamed else avail // 3
 
 
 CHUNK = 8 << 20  # bytes of uncompressed trace the scanner sees at a time
 
 
-def _open_checked(path: Path):
+def _open_checked(path: Path, streamed: bool = False):
     """The open file, whether it is gzip, and the memory limit; refuses empty and too-large files."""
     try:
         size = path.stat().st_size
@@ -126,7 +130,7 @@ def _open_checked(path: Path):
         raise TraceError(f"{path}: cannot read ({e.strerror})") from None
     if size == 0:
         raise TraceError(f"{path}: empty file")
-    limit = max_trace_bytes()
+    limit = max_trace_bytes(streamed)
     f = open(path, "rb", buffering=0)  # unbuffered: readall() sizes its buffer once (a buffered
     gz = f.read(2) == b"\x1f\x8b"     # read after a seek grows it, twice the file at peak)
     if gz:
@@ -150,7 +154,7 @@ def _gzip_error(path: Path, e: Exception) -> TraceError:
 
 def _iter_chunks(path: Path):
     """The trace's uncompressed bytes in pieces of about CHUNK (what the streaming scanner reads)."""
-    f, gz, limit = _open_checked(path)
+    f, gz, limit = _open_checked(path, streamed=True)
     with f:
         if not gz:
             while piece := f.read(CHUNK):

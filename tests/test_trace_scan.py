@@ -119,3 +119,21 @@ def test_every_cut_between_chunks_scans_the_same(tmp_path, monkeypatch, chunk):
     bad.write_text(text[: len(text) // 2])
     with pytest.raises(TraceError):
         load_trace(bad)
+
+
+def test_a_trace_too_large_to_decode_whole_is_streamed(tmp_path, monkeypatch):
+    """Whole-trace decoding needs several times the trace in memory, the scanner a chunk plus
+    columns: a trace over the first limit and under the second is analyzed, not refused."""
+    from analyzers import trace
+
+    events, doc = _awkward_doc()
+    doc["traceEvents"] = events * 200
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps(doc))
+    size = p.stat().st_size
+    monkeypatch.setattr(trace, "max_trace_bytes", lambda streamed=False: size * 4 if streamed else size // 2)
+    monkeypatch.setattr(trace, "CHUNK", 4096)
+    assert len(load_trace(p).ts) == 5 * 200
+    monkeypatch.setenv("COMMPROBE_PURE_PYTHON", "1")
+    with pytest.raises(TraceError, match="too large for memory"):
+        load_trace(p)
