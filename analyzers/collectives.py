@@ -2,7 +2,8 @@
 
 One event stands for each collective call on a rank, from the best source the trace has: our
 own spans, else the device's communication kernels, else the host's collective ops. Calls
-are matched across ranks by (process group, op, n-th call). For each matched call the rank
+are matched across ranks by (process group, op, sequence number) where the trace records the
+group's sequence number (args "Seq", recent PyTorch), else by (process group, op, n-th call). For each matched call the rank
 that arrives last determines the transfer time (its own duration: it did not wait); every
 other rank's duration beyond that is waiting for the straggler, who is named.
 """
@@ -22,8 +23,9 @@ from .trace import Trace
 class Calls:
     """One rank's collective calls as arrays, one row per call in start order.
 
-    A call's match key is (pair, k): pair indexes `pairs` ((process group, op) strings), k is its
-    count among this rank's calls of that pair. `kinds` holds the distinct (op, axis, category)."""
+    A call's match key is (pair, k): pair indexes `pairs` ((process group, op) strings), k is the
+    call's sequence number in its group when the trace records one for every call of the pair,
+    else its count among this rank's calls of that pair. `kinds` holds the distinct (op, axis, category)."""
 
     pairs: list[tuple[str, str]]
     pair: np.ndarray  # int64 into pairs
@@ -76,6 +78,12 @@ def primary_calls(trace: Trace, cls: Classified) -> Calls:
     sp = pair[order]
     first = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]]) if len(sp) else np.zeros(0, np.int64)
     k[order] = np.arange(len(sp)) - np.repeat(first, np.diff(np.r_[first, len(sp)]))
+    # A pair whose every call carries its process group's sequence number (args "Seq") is matched
+    # by it: ranks whose traces start or end at different calls still pair the same collective.
+    seq = trace.arg_seq[pick]
+    numbered = np.ones(len(pairs), bool)
+    np.logical_and.at(numbered, pair, seq >= 0)
+    k = np.where(numbered[pair], seq, k)
     cats = np.array(CATEGORIES, dtype=object)[cls.category[pick].astype(np.int64)].tolist()
     kind, kinds = _factor(list(zip(ops, [a or "other" for a in axes], cats)))
     return Calls(pairs, pair, k, trace.ts[pick].astype(np.float64), (trace.ts[pick] + trace.dur[pick]).astype(np.float64),

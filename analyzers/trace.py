@@ -71,6 +71,7 @@ class Trace:
     tid_id: np.ndarray  # int32: one id per distinct thread (or stream) of the trace
     arg_row: np.ndarray  # int32 into arg_dicts; -1 for events whose args were not read
     arg_dicts: list[dict]  # distinct ARG_KEYS subsets of communication candidates' args
+    arg_seq: np.ndarray  # int64: the collective's sequence number in its process group (args "Seq"), -1 unknown
     origin_ns: int
     distributed: dict | None
     commprobe: dict | None
@@ -215,12 +216,18 @@ def _decode_top(path: Path, data: bytes) -> _Trace:
 # The only args fields any analyzer reads (classify: the collective and its process group).
 ARG_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name",
             "Process Group Description")
+SEQ_KEY = "Seq"  # per event, kept as a number apart (it differs on every call, so it is no part of a shared subset)
+
+
+def _seq_column(values: list) -> np.ndarray:
+    """Sequence numbers as int64, -1 where absent or not an integer."""
+    return np.fromiter((v if v.__class__ is int and v >= 0 else -1 for v in values), np.int64, len(values))
 
 
 @dataclass
 class _Columns:
     """Complete events in file order, from either decoder. `args(idx)` reads the ARG_KEYS fields of
-    those events: an (len(idx),) row id per event into a list of distinct dicts."""
+    those events (a row id per event into a list of distinct dicts) and their Seq (int64, -1)."""
 
     ts: np.ndarray
     dur: np.ndarray
@@ -232,7 +239,7 @@ class _Columns:
     base_ns: int
     dist_raw: bytes | None
     meta_raw: bytes | None
-    args: Callable[[np.ndarray], tuple[np.ndarray, list[dict]]]
+    args: Callable[[np.ndarray], tuple[np.ndarray, list[dict], np.ndarray]]
     nbytes: int  # uncompressed input size
 
 
@@ -254,14 +261,16 @@ def _columns_native(path: Path) -> _Columns | None:
         np.take(m, col, out=col)  # in place: no second copy of an event column
     raw_args, args_off, args_len = s.args, s.args_off, s.args_len  # the closure holds these, not the whole scan
 
-    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict]]:
-        ids, raws = native.args_fields(raw_args, args_off[idx], args_len[idx], ARG_KEYS)
+    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray]:
+        ids, raws = native.args_fields(raw_args, args_off[idx], args_len[idx], (*ARG_KEYS, SEQ_KEY))
         if not len(ids):
-            return np.zeros(0, np.int32), []
-        rows, inverse = np.unique(ids, axis=0, return_inverse=True)
+            return np.zeros(0, np.int32), [], np.zeros(0, np.int64)
         values = msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else []
+        seq_ids = ids[:, -1]
+        seq = np.where(seq_ids >= 0, _seq_column(values)[np.maximum(seq_ids, 0)] if values else -1, -1)
+        rows, inverse = np.unique(ids[:, :-1], axis=0, return_inverse=True)
         dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
-        return inverse.reshape(-1).astype(np.int32), dicts
+        return inverse.reshape(-1).astype(np.int32), dicts, seq.astype(np.int64)
 
     return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args,
                     s.nbytes)
@@ -284,13 +293,13 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
     cat_id, cats = _factorize(list(map(_get_cat, ev)))
     tid_id, _ = _factorize(list(map(_get_tid, ev)))
 
-    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict]]:
+    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray]:
         raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
-        decoded = msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else []
+        decoded = [a if isinstance(a, dict) else {} for a in (msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else [])]
         table: dict[tuple, int] = {}
-        rows = np.fromiter((table.setdefault(tuple((k, a[k]) for k in ARG_KEYS if k in a) if isinstance(a, dict)
-                                             else (), len(table)) for a in decoded), np.int32, len(decoded))
-        return rows, [dict(t) for t in table]
+        rows = np.fromiter((table.setdefault(tuple((k, a[k]) for k in ARG_KEYS if k in a), len(table)) for a in decoded),
+                           np.int32, len(decoded))
+        return rows, [dict(t) for t in table], _seq_column([a.get(SEQ_KEY) for a in decoded])
 
     return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
                     name_id[keep], cat_id[keep], tid_id[keep], list(names), list(cats), top.baseTimeNanoseconds,
@@ -338,9 +347,10 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     cand = np.array([_may_need_args(n) for n in cols.names], dtype=bool)
     sorted_idx = np.flatnonzero(cand[name_id]) if len(cols.names) else np.zeros(0, np.int64)
     arg_row = np.full(len(ts), -1, np.int32)
-    rows, dicts = cols.args(order[sorted_idx])
-    arg_row[sorted_idx] = rows
-    return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, cols.base_ns,
+    arg_seq = np.full(len(ts), -1, np.int64)
+    arg_row[sorted_idx], dicts, arg_seq[sorted_idx] = cols.args(order[sorted_idx])
+    return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq,
+                 cols.base_ns,
                  dist, meta, cols.nbytes)
 
 

@@ -266,6 +266,30 @@ def test_clock_offset_between_hosts_is_corrected_by_collective_end(tmp_path):
     assert aligned["collectives"]["offsets_us"]["1"] == pytest.approx(-10_000)
 
 
+def test_collectives_match_by_sequence_number_when_traces_start_apart(tmp_path):
+    """Rank 1's trace starts one collective later (the profiler started late there). Matched by
+    order, every pair would be off by one; by the process group's sequence number (args "Seq")
+    the three shared calls pair up, and rank 1 is the straggler by 100 µs on each."""
+    def calls(rank, seqs):
+        out = []
+        for s in seqs:
+            t = 1000 * s
+            start = t + (100 if rank == 1 else 0)
+            ev = _nccl(start, t + 400 + 50 * s - start)  # call s ends at t + 400 + 50 s on both ranks
+            ev["args"]["Seq"] = s
+            out.append(ev)
+        return out
+
+    d = tmp_path / "late-start"
+    d.mkdir()
+    _write(d / "rank0.trace.json.gz", 0, calls(0, [0, 1, 2, 3]))
+    _write(d / "rank1.trace.json.gz", 1, calls(1, [1, 2, 3]))
+    c = analyze(d)["collectives"]
+    assert c["matched_calls"] == 3 and c["straggler"] == 1
+    r0, r1 = c["ranks"]
+    assert r0["wait_us"] == pytest.approx(300) and r1["wait_us"] == 0 and r1["times_last"] == 3
+
+
 def test_timeline_segments_cover_the_window_when_coarsened():
     """More intervals than a drawing keeps: the smallest gaps close, the window's ends stay."""
     import numpy as np

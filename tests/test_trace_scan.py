@@ -34,6 +34,7 @@ def _same(a, b):
     pairs = set(zip(a.tid_id.tolist(), b.tid_id.tolist()))  # the same threads, whatever their ids
     assert len(pairs) == len(set(a.tid_id.tolist())) == len(set(b.tid_id.tolist()))
     assert [a.args(i) for i in range(len(a.ts))] == [b.args(i) for i in range(len(b.ts))]
+    assert np.array_equal(a.arg_seq, b.arg_seq)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SHARED.glob("*.json.gz")) if SHARED.is_dir() else [])
@@ -51,7 +52,7 @@ def _awkward_doc():
         {"ph": "X", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cat": "kernel", "ts": 0.1, "dur": 1e-3,
          "tid": 7, "args": nccl},
         {"ph": "X", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cat": "kernel", "ts": 12345678901234.567,
-         "dur": 0.30000000000000004, "tid": 7, "args": {**nccl, "In msg nelems": 8}},
+         "dur": 0.30000000000000004, "tid": 7, "args": {**nccl, "In msg nelems": 8, "Seq": 41}},
         {"ph": "X", "ts": -0.0, "dur": 0},  # no name, cat, tid, args
         {"ph": "i", "name": "instant", "ts": 5, "s": "t"},
         {"ph": "X", "name": "c10d::allreduce_", "cat": "cpu_op", "ts": 7, "dur": 1.25e-7, "tid": -3, "args": None,
@@ -71,6 +72,7 @@ def test_awkward_json_scans_like_msgspec(tmp_path):
     _same(a, b)
     assert a.rank == 3 and a.origin_ns == 1_700_000_000_123_456_789 and a.commprobe == {"schema": "x"}
     assert 'a\\b "quoted" é中' in a.names and len(a.ts) == 5
+    assert sorted(a.arg_seq.tolist()) == [-1, -1, -1, -1, 41]
     q = tmp_path / "escaped.json"  # the same trace with every non-ASCII character escaped: same names
     q.write_text(json.dumps(events))  # and a bare list of events is a trace too
     c, d = _both(q)
