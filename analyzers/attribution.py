@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import intervals as iv
-from .classify import CATEGORIES, COMM_CODES, COMPUTE, MARKER, MEMCPY, OTHER, Classified
+from .classify import CATEGORIES, COMM_CODES, COMPUTE, MARKER, MEMCPY, OTHER, Classified, comm_mask
 from .collectives import thin
 from .trace import Trace
 
@@ -72,7 +72,8 @@ def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv
     for code in (COMPUTE, *COMM_CODES, MEMCPY, OTHER):
         m = tl.mask & (cls.category == code)
         out[code] = iv.union(start[m], end[m])
-    comm_all = iv.union(start[tl.mask & np.isin(cls.category, COMM_CODES)], end[tl.mask & np.isin(cls.category, COMM_CODES)])
+    m = tl.mask & comm_mask(cls.category)
+    comm_all = iv.union(start[m], end[m])
     if not tl.device:
         # On the host a collective owns its thread: ops nested inside it are part of it.
         out[COMPUTE] = iv.subtract(out[COMPUTE], comm_all)
@@ -153,7 +154,7 @@ def comm_comp_overlap(trace: Trace, cls: Classified, window: tuple[float, float]
     if window is not None:
         dev = dev & (trace.ts >= window[0]) & (trace.ts < window[1])
     start, end = trace.ts, trace.ts + trace.dur
-    comm = dev & np.isin(cls.category, COMM_CODES)
+    comm = dev & comm_mask(cls.category)
     comp = dev & (cls.category == COMPUTE)
     cu, pu = iv.union(start[comm], end[comm]), iv.union(start[comp], end[comp])
     total, both = iv.length(cu), iv.length(iv.intersect(cu, pu))

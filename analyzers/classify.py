@@ -28,6 +28,12 @@ from .trace import DEVICE_CATS, Trace, TraceError
 COMPUTE, TP_ALLREDUCE, CP_RING, EP_ALL_TO_ALL, OTHER_COMM, MEMCPY, OTHER, MARKER = range(8)
 CATEGORIES = ["compute", "tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm", "memcpy", "other", "marker"]
 COMM_CODES = (TP_ALLREDUCE, CP_RING, EP_ALL_TO_ALL, OTHER_COMM)
+_IS_COMM = np.isin(np.arange(len(CATEGORIES)), COMM_CODES)
+
+
+def comm_mask(category: np.ndarray) -> np.ndarray:
+    """Which events' category codes are communication (a table lookup per event)."""
+    return _IS_COMM[category]
 AXES = ["tp", "cp", "ep", "dp", "other"]
 
 _OP_ALIASES = {
@@ -258,17 +264,15 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
     comm_op = np.full(n, None, object)
     comm_axis = np.full(n, None, object)
     comm_group = np.full(n, None, object)
-    is_comm = np.zeros(len(CATEGORIES), bool)
-    is_comm[list(COMM_CODES)] = True
-    comm_idx = np.flatnonzero(is_comm[category])
+    comm_idx = np.flatnonzero(comm_mask(category))
     if len(comm_idx):
         # One answer per distinct (name class, args subset): events that share both share it.
         needs = np.array([c.needs_args for c in name_classes], bool)
         cls_of = inverse[comm_idx].astype(np.int64)
+        rows = len(trace.arg_dicts) + 1  # arg_row + 1: 0 for "args not used"
         row = np.where(needs[cls_of], trace.arg_row[comm_idx], -1).astype(np.int64) + 1
-        combos, combo_of = _codes(cls_of * (len(trace.arg_dicts) + 1) + row, len(uniq) * (len(trace.arg_dicts) + 1))
-        out = [_comm_details(trace, name_classes[c // (len(trace.arg_dicts) + 1)],
-                             uniq[c // (len(trace.arg_dicts) + 1)] // ncat, c % (len(trace.arg_dicts) + 1) - 1)
+        combos, combo_of = _codes(cls_of * rows + row, len(uniq) * rows)
+        out = [_comm_details(trace, name_classes[c // rows], uniq[c // rows] // ncat, c % rows - 1)
                for c in combos.tolist()]
         keep = np.array([o is not None for o in out], bool)[combo_of]
         idx, sel = comm_idx[keep], combo_of[keep]
@@ -286,6 +290,11 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
             name = trace.names[int(uniq[k]) // ncat]
             unknown[name] = unknown.get(name, 0) + int(counts[k])
     return Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown)
+
+
+def is_own_span(name: str) -> bool:
+    """Our own communication spans (`commprobe/comm/{axis}/{op}/…`)."""
+    return name.startswith("commprobe/comm/")
 
 
 def _comm_details(trace: Trace, nc: NameClass, name_id: int, arg_row: int):
@@ -311,11 +320,7 @@ def _inherit_own_spans(trace: Trace, category: np.ndarray, comm_idx: np.ndarray,
     `other_comm`)."""
     if not comm_idx.size:
         return
-    own_ids = [i for i, nm in enumerate(trace.names) if nm.startswith("commprobe/comm/")]
-    if not own_ids:
-        return
-    ids = trace.name_id[comm_idx]
-    is_own = np.isin(ids, own_ids)
+    is_own = trace.events_named(comm_idx, is_own_span)
     own, lib = comm_idx[is_own], comm_idx[~is_own]
     if not own.size or not lib.size:
         return

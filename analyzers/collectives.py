@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .classify import CATEGORIES, COMM_CODES, Classified, bus_factor
-from .trace import Trace
+from .classify import CATEGORIES, Classified, bus_factor, comm_mask, is_own_span
+from .trace import Trace, factorize
 
 
 @dataclass
@@ -45,24 +45,20 @@ class Calls:
         return np.array([c for _, _, c in self.kinds] or [""], dtype=object)[self.kind] if len(self) else np.zeros(0, object)
 
 
-def _factor(values: list) -> tuple[np.ndarray, list]:
-    table = {v: i for i, v in enumerate(dict.fromkeys(values))}
-    return np.fromiter(map(table.__getitem__, values), np.int64, len(values)), list(table)
+def _group_starts(sorted_keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal keys begins in a sorted array."""
+    return np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]) if len(sorted_keys) else np.zeros(0, np.int64)
 
 
 def primary_calls(trace: Trace, cls: Classified) -> Calls:
-    is_comm = np.zeros(len(CATEGORIES), bool)
-    is_comm[list(COMM_CODES)] = True
-    comm = np.flatnonzero(is_comm[cls.category])
-    own_ids = [i for i, nm in enumerate(trace.names) if nm.startswith("commprobe/comm/")]
-    is_own = np.isin(trace.name_id[comm], own_ids) if own_ids else np.zeros(len(comm), bool)
+    comm = np.flatnonzero(comm_mask(cls.category))
+    is_own = trace.events_named(comm, is_own_span)
     if is_own.any():
         pick = _outermost(trace, comm[is_own])  # a user's span around our own counts once
     else:
         dev = trace.is_device()[comm]
         has_op = cls.comm_op[comm].astype(bool)
-        rpc = [i for i, nm in enumerate(trace.names) if nm == "record_param_comms"]
-        is_rpc = np.isin(trace.name_id[comm], rpc)
+        is_rpc = trace.events_named(comm, "record_param_comms".__eq__)
         host = comm[~dev & has_op & is_rpc]
         host = host if len(host) else comm[~dev & has_op]
         pick = comm[dev & has_op]
@@ -72,12 +68,11 @@ def primary_calls(trace: Trace, cls: Classified) -> Calls:
     ops = [o or "unknown" for o in cls.comm_op[pick].tolist()]
     axes = cls.comm_axis[pick].tolist()
     groups = [g or a or "" for g, a in zip(cls.comm_group[pick].tolist(), axes)]
-    pair, pairs = _factor(list(zip(groups, ops)))
+    pair, pairs = factorize(list(zip(groups, ops)))
     order = np.argsort(pair, kind="stable")  # k: the call's rank among this rank's calls of its pair
     k = np.empty(len(pick), np.int64)
-    sp = pair[order]
-    first = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]]) if len(sp) else np.zeros(0, np.int64)
-    k[order] = np.arange(len(sp)) - np.repeat(first, np.diff(np.r_[first, len(sp)]))
+    first = _group_starts(pair[order])
+    k[order] = np.arange(len(pick)) - np.repeat(first, np.diff(np.r_[first, len(pick)]))
     # A pair whose every call carries its process group's sequence number (args "Seq") is matched
     # by it: ranks whose traces start or end at different calls still pair the same collective.
     seq = trace.arg_seq[pick]
@@ -85,7 +80,7 @@ def primary_calls(trace: Trace, cls: Classified) -> Calls:
     np.logical_and.at(numbered, pair, seq >= 0)
     k = np.where(numbered[pair], seq, k)
     cats = np.array(CATEGORIES, dtype=object)[cls.category[pick].astype(np.int64)].tolist()
-    kind, kinds = _factor(list(zip(ops, [a or "other" for a in axes], cats)))
+    kind, kinds = factorize(list(zip(ops, [a or "other" for a in axes], cats)))
     return Calls(pairs, pair, k, trace.ts[pick].astype(np.float64), (trace.ts[pick] + trace.dur[pick]).astype(np.float64),
                  cls.comm_bytes[pick].astype(np.float64), kinds, kind, cls.group_size[pick].astype(np.int64))
 
@@ -142,9 +137,8 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     start = np.concatenate([calls_by_rank[r].start - offsets.get(r, 0.0) for r in ranks]) if ranks else np.zeros(0)
     dur = np.concatenate([calls_by_rank[r].end - calls_by_rank[r].start for r in ranks]) if ranks else np.zeros(0)
     order = np.argsort(key, kind="stable")  # members of a key in rank order
-    sk = key[order]
-    first = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]]) if len(sk) else np.zeros(0, np.int64)
-    size = np.diff(np.r_[first, len(sk)])
+    first = _group_starts(key[order])
+    size = np.diff(np.r_[first, len(key)])
     full = size == len(ranks) if len(ranks) >= 2 else np.zeros(len(first), bool)
     wait = np.full(len(key), np.nan)
     transfer = np.full(len(key), np.nan)

@@ -90,13 +90,15 @@ class Trace:
             self._device = dev[self.cat_id] if len(self.cats) else np.zeros(0, bool)
         return self._device
 
-    def args_many(self, idx) -> list[dict]:
-        """The ARG_KEYS fields of these events' args ({} where absent or not read)."""
-        return [self.args(int(i)) for i in idx]
-
     def args(self, i: int) -> dict:
+        """The ARG_KEYS fields of event i's args ({} where absent or not read)."""
         r = int(self.arg_row[i])
         return self.arg_dicts[r] if r >= 0 else {}
+
+    def events_named(self, idx: np.ndarray, pred: Callable[[str], bool]) -> np.ndarray:
+        """Which of the events `idx` have a name for which `pred` holds (tested once per name)."""
+        flags = np.fromiter(map(pred, self.names), bool, len(self.names))
+        return flags[self.name_id[idx]] if len(self.names) else np.zeros(len(idx), bool)
 
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -149,8 +151,12 @@ def _open_checked(path: Path, streamed: bool = False):
     return f, gz, limit
 
 
-def _gzip_error(path: Path, e: Exception) -> TraceError:
-    return TraceError(f"{path}: truncated or corrupt gzip ({e})")
+def _gzip_error(path: Path, why) -> TraceError:
+    return TraceError(f"{path}: truncated or corrupt gzip ({why})")
+
+
+def _too_large(path: Path, limit: int) -> TraceError:
+    return TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
 
 
 def _iter_chunks(path: Path):
@@ -165,14 +171,14 @@ def _iter_chunks(path: Path):
         while not d.eof:
             raw = d.unconsumed_tail or f.read(1 << 20)
             if not raw:
-                raise TraceError(f"{path}: truncated or corrupt gzip (stream ends early)")
+                raise _gzip_error(path, "stream ends early")
             try:
                 out = d.decompress(raw, CHUNK)
             except (zlib.error, _inflate.error) as e:
                 raise _gzip_error(path, e) from None
             total += len(out)
             if total > limit:
-                raise TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
+                raise _too_large(path, limit)
             if out:
                 yield out
 
@@ -188,11 +194,11 @@ def _read_bytes(path: Path) -> bytes:
             except (zlib.error, _inflate.error) as e:
                 raise _gzip_error(path, e) from None
             if not d.eof and len(data) <= limit:
-                raise TraceError(f"{path}: truncated or corrupt gzip (stream ends early)")
+                raise _gzip_error(path, "stream ends early")
         else:
             data = f.readall()
     if len(data) > limit:
-        raise TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
+        raise _too_large(path, limit)
     if not data[:4096].strip() and not data.strip():
         raise TraceError(f"{path}: empty trace")
     return data
@@ -254,11 +260,12 @@ def _columns_native(path: Path) -> _Columns | None:
         tids = msgspec.json.decode(b"[" + b",".join(s.tid_raw) + b"]", type=list[int | str])
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    name_map, names = _dedupe(names)
-    cat_map, cats = _dedupe(cats)
-    tid_map, _ = _dedupe(tids)
+    # Different raw spellings of one string (escapes) get one id.
+    name_map, names = factorize(names)
+    cat_map, cats = factorize(cats)
+    tid_map, _ = factorize(tids)
     for m, col in ((name_map, s.name_id), (cat_map, s.cat_id), (tid_map, s.tid_id)):
-        np.take(m, col, out=col)  # in place: no second copy of an event column
+        np.take(m.astype(np.int32), col, out=col)  # in place: no second copy of an event column
     raw_args, args_off, args_len = s.args, s.args_off, s.args_len  # the closure holds these, not the whole scan
 
     def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray]:
@@ -276,22 +283,15 @@ def _columns_native(path: Path) -> _Columns | None:
                     s.nbytes)
 
 
-def _dedupe(values: list) -> tuple[np.ndarray, list]:
-    """Different raw spellings of one value (escapes) get one id."""
-    table: dict = {}
-    remap = np.fromiter((table.setdefault(v, len(table)) for v in values), np.int32, len(values))
-    return remap, list(table)
-
-
 def _columns_msgspec(path: Path, data: bytes) -> _Columns:
     """One struct per event, then columns (C-level map/attrgetter loops): the portable path."""
     top = _decode_top(path, data)
     ev = top.traceEvents
     keep = np.flatnonzero(np.fromiter(map("X".__eq__, map(_get_ph, ev)), bool, len(ev)))
     m = len(ev)
-    name_id, names = _factorize(list(map(_get_name, ev)))
-    cat_id, cats = _factorize(list(map(_get_cat, ev)))
-    tid_id, _ = _factorize(list(map(_get_tid, ev)))
+    name_id, names = factorize(list(map(_get_name, ev)))
+    cat_id, cats = factorize(list(map(_get_cat, ev)))
+    tid_id, _ = factorize(list(map(_get_tid, ev)))
 
     def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray]:
         raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
@@ -302,7 +302,7 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
         return rows, [dict(t) for t in table], _seq_column([a.get(SEQ_KEY) for a in decoded])
 
     return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
-                    name_id[keep], cat_id[keep], tid_id[keep], list(names), list(cats), top.baseTimeNanoseconds,
+                    name_id[keep], cat_id[keep], tid_id[keep], names, cats, top.baseTimeNanoseconds,
                     None if top.distributedInfo == b"null" else bytes(top.distributedInfo),
                     None if top.commprobe == b"null" else bytes(top.commprobe), args, len(data))
 
@@ -344,14 +344,13 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     ts, dur = sorted_col("ts", np.float64), sorted_col("dur", np.float64)
     name_id, cat_id, tid_id = (sorted_col(c, np.int32) for c in ("name_id", "cat_id", "tid_id"))
     # Only communication candidates' args are ever read (ARG_KEYS of them); the input goes after this.
-    cand = np.array([_may_need_args(n) for n in cols.names], dtype=bool)
+    cand = np.fromiter(map(_may_need_args, cols.names), bool, len(cols.names))
     sorted_idx = np.flatnonzero(cand[name_id]) if len(cols.names) else np.zeros(0, np.int64)
     arg_row = np.full(len(ts), -1, np.int32)
     arg_seq = np.full(len(ts), -1, np.int64)
     arg_row[sorted_idx], dicts, arg_seq[sorted_idx] = cols.args(order[sorted_idx])
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq,
-                 cols.base_ns,
-                 dist, meta, cols.nbytes)
+                 cols.base_ns, dist, meta, cols.nbytes)
 
 
 _HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall", "broadcast", "barrier", "send",
@@ -368,10 +367,11 @@ _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts
 _get_name, _get_cat, _get_tid = attrgetter("name"), attrgetter("cat"), attrgetter("tid")
 
 
-def _factorize(values: list) -> tuple[np.ndarray, dict]:
-    """Integer codes for a list of hashables, with the code table; C-level dict lookups only."""
+def factorize(values: list) -> tuple[np.ndarray, list]:
+    """Integer codes for a list of hashables (in order of first appearance), with the distinct
+    values; C-level dict lookups only."""
     table = {v: i for i, v in enumerate(dict.fromkeys(values))}
-    return np.fromiter(map(table.__getitem__, values), np.int64, len(values)), table
+    return np.fromiter(map(table.__getitem__, values), np.int64, len(values)), list(table)
 
 
 def _trace_files(d: Path) -> list[Path]:
