@@ -140,6 +140,21 @@ static int number(cur_t *c, double *out, int *is_int) {
     return 0;
 }
 
+/* One object member's key and the ':' after it: the key's raw bytes (between the quotes) in
+ * *k and *kn, p left at the value, which must follow (at the end of the input: a cut). */
+static int member_key(cur_t *c, const unsigned char **k, int32_t *kn) {
+    if (c->p >= c->e || *c->p != '"') FAIL(c, 1);
+    *k = c->p + 1;
+    if (skip_string(c)) return -1;
+    *kn = (int32_t)(c->p - 1 - *k);
+    ws(c);
+    if (c->p >= c->e || *c->p != ':') FAIL(c, 1);
+    c->p++;
+    ws(c);
+    if (c->p >= c->e) FAIL(c, 1);
+    return 0;
+}
+
 static int skip_value(cur_t *c, int depth);
 
 static int skip_container(cur_t *c, int depth) {
@@ -151,14 +166,9 @@ static int skip_container(cur_t *c, int depth) {
     if (c->p < c->e && *c->p == close) { c->p++; return 0; }
     for (;;) {
         ws(c);
-        if (obj) {
-            if (c->p >= c->e || *c->p != '"') FAIL(c, 1);
-            if (skip_string(c)) return -1;
-            ws(c);
-            if (c->p >= c->e || *c->p != ':') FAIL(c, 1);
-            c->p++;
-            ws(c);
-        }
+        const unsigned char *k;
+        int32_t kn;
+        if (obj && member_key(c, &k, &kn)) return -1;
         if (skip_value(c, depth + 1)) return -1;
         ws(c);
         if (c->p >= c->e) FAIL(c, 1);
@@ -299,15 +309,9 @@ static int event(cur_t *c) {
     if (c->p < c->e && *c->p == '}') { c->p++; return 0; }
     for (;;) {
         ws(c);
-        if (c->p >= c->e || *c->p != '"') FAIL(c, 1);
-        const unsigned char *k = c->p + 1;
-        if (skip_string(c)) return -1;
-        int32_t kn = (int32_t)(c->p - 1 - k);
-        ws(c);
-        if (c->p >= c->e || *c->p != ':') FAIL(c, 1);
-        c->p++;
-        ws(c);
-        if (c->p >= c->e) FAIL(c, 1);
+        const unsigned char *k;
+        int32_t kn;
+        if (member_key(c, &k, &kn)) return -1;
         const unsigned char *v = c->p;
         if (key_is(k, kn, "ph")) {
             if (*v != '"') FAIL(c, 2);
@@ -428,16 +432,9 @@ int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
             break;
         case 1: {
             if (ch == '}' && s->first) { c.p++; s->state = 4; break; }
-            if (ch != '"') { c.p = mark; s->err = 1; s->err_pos = c.p - c.b; return -1; }
-            const unsigned char *k = c.p + 1;
-            if ((rc = skip_string(&c))) break;
-            int32_t kn = (int32_t)(c.p - 1 - k);
-            ws(&c);
-            if (c.p >= c.e) { s->err = 1; s->err_pos = len; rc = -1; break; }
-            if (*c.p != ':') { s->err = 1; s->err_pos = c.p - c.b; return -1; }
-            c.p++;
-            ws(&c);
-            if (c.p >= c.e) { s->err = 1; s->err_pos = len; rc = -1; break; }
+            const unsigned char *k;
+            int32_t kn;
+            if ((rc = member_key(&c, &k, &kn))) break;
             const unsigned char *v = c.p;
             if (key_is(k, kn, "traceEvents")) {
                 if (*c.p != '[') { s->err = 2; return -1; }
@@ -461,11 +458,12 @@ int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
                 break;
             }
             if (c.p >= c.e && !final) { s->err = 1; s->err_pos = len; rc = -1; break; } /* may continue */
-            if (key_is(k, kn, "distributedInfo") || key_is(k, kn, "commprobe")) {
-                arena_t *a = kn == 15 ? &s->dist : &s->meta;
+            int dist = key_is(k, kn, "distributedInfo");
+            if (dist || key_is(k, kn, "commprobe")) {
+                arena_t *a = dist ? &s->dist : &s->meta;
                 a->n = 0;
                 if (arena_put(a, v, c.p - v) < 0) { s->err = 3; return -1; }
-                if (kn == 15) s->has_dist = 1; else s->has_meta = 1;
+                *(dist ? &s->has_dist : &s->has_meta) = 1;
             }
             s->state = 3;
             break;
@@ -551,12 +549,9 @@ table_t *args_fields(const char *buf, int64_t len, int64_t n, const int64_t *off
         if (c.p < c.e && *c.p == '}') continue;
         for (;;) {
             ws(&c);
-            const unsigned char *kk = c.p + 1;
-            if (skip_string(&c)) break;
-            int32_t kn = (int32_t)(c.p - 1 - kk);
-            ws(&c);
-            c.p++; /* ':' */
-            ws(&c);
+            const unsigned char *kk;
+            int32_t kn;
+            if (member_key(&c, &kk, &kn)) break;
             const unsigned char *v = c.p;
             if (skip_value(&c, 1)) break;
             for (int32_t k = 0; k < nkeys; k++) {
