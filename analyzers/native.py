@@ -14,6 +14,7 @@ decoder, which gives the same columns and names the problem in bad input.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import shutil
@@ -60,33 +61,42 @@ def _cache_dir() -> Path:
     return Path(base) / "commprobe"
 
 
+def build_library(src: Path, flags: list[str], what: str, key_extra: str = "") -> tuple[ctypes.CDLL | None, str]:
+    """Compile `src` with the system compiler into a shared library, once per source, compiler,
+    flags and `key_extra` (cached in ~/.cache/commprobe; processes starting together build once,
+    under a lock, and the file appears atomically), and load it; (None, why) when impossible.
+    Shared by the DDA kernels and the trace scanner; torch-free, so the analyzers can use it."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc or not shutil.which(cc):
+        return None, "no C compiler found (set CC)"
+    if not src.exists():
+        return None, f"{src.name} is not installed beside {what}'s Python code"
+    key = hashlib.sha256(src.read_bytes() + " ".join([cc, *flags, key_extra]).encode()).hexdigest()[:16]
+    cache = _cache_dir()
+    so = cache / f"{src.stem}-{key}.so"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / "build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not so.exists():
+                tmp = so.with_suffix(f".{os.getpid()}.tmp")
+                r = subprocess.run([cc, *flags, "-o", str(tmp), str(src)], capture_output=True, text=True)
+                if r.returncode:
+                    return None, f"compiling {src.name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}"
+                os.replace(tmp, so)
+        return ctypes.CDLL(str(so)), ""
+    except OSError as e:
+        return None, f"could not build or load {what}: {e}"
+
+
 def load_scanner() -> tuple[ctypes.CDLL | None, str]:
     """Compile (once per source and compiler, cached) and load the scanner; (None, why) when impossible."""
     global _LIB, _WHY
     if _LIB is not None or _WHY:
         return _LIB, _WHY
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc or not shutil.which(cc):
-        _WHY = "no C compiler found (set CC)"
-        return None, _WHY
-    if not _SRC.exists():
-        _WHY = f"{_SRC.name} is not installed beside native.py"
-        return None, _WHY
-    flags = ["-O2", "-shared", "-fPIC", "-std=gnu11"]  # portable code: no -march, the cache may be shared
-    key = hashlib.sha256(_SRC.read_bytes() + " ".join([cc, *flags]).encode()).hexdigest()[:16]
-    so = _cache_dir() / f"trace_scan-{key}.so"
-    try:
-        if not so.exists():
-            so.parent.mkdir(parents=True, exist_ok=True)
-            tmp = so.with_suffix(f".{os.getpid()}.tmp")
-            r = subprocess.run([cc, *flags, "-o", str(tmp), str(_SRC)], capture_output=True, text=True)
-            if r.returncode:
-                _WHY = f"compiling {_SRC.name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}"
-                return None, _WHY
-            os.replace(tmp, so)  # atomic: concurrent builders leave one complete file
-        lib = ctypes.CDLL(str(so))
-    except OSError as e:
-        _WHY = f"could not build or load the trace scanner: {e}"
+    # portable code: no -march, so the cached library suits any CPU that shares the cache
+    lib, _WHY = build_library(_SRC, ["-O2", "-shared", "-fPIC", "-std=gnu11"], "the trace scanner")
+    if lib is None:
         return None, _WHY
     lib.scan_open.argtypes, lib.scan_open.restype = [ctypes.POINTER(_cp), ctypes.c_int32], _vp
     lib.scan_close.argtypes, lib.scan_close.restype = [_vp], None

@@ -18,13 +18,9 @@ rank dying mid-setup could leave.
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import hashlib
 import math
 import mmap
 import os
-import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -33,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from analyzers.native import build_library  # torch-free; shared with the trace scanner
 
 from .comm import Ready
 from .spans import comm_span
@@ -67,11 +65,6 @@ def shm_dir() -> Path:
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "commprobe"
-
-
 def _cpu_signature() -> str:
     """Part of the cache key: a library built with -march=native must not run on another CPU."""
     try:
@@ -95,28 +88,9 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("COMMPROBE_DDA_PURE"):
         _LIB_REASON = "COMMPROBE_DDA_PURE is set"
         return None, _LIB_REASON
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc or not shutil.which(cc):
-        _LIB_REASON = "no C compiler found (set CC)"
-        return None, _LIB_REASON
-    flags = ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11"]
-    key = hashlib.sha256(_SRC.read_bytes() + " ".join([cc, *flags, _cpu_signature()]).encode()).hexdigest()[:16]
-    cache = _cache_dir()
-    so = cache / f"dda_cpu-{key}.so"
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        with open(cache / "build.lock", "w") as lock:  # ranks starting together build once
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not so.exists():
-                tmp = so.with_suffix(f".{os.getpid()}.tmp")
-                r = subprocess.run([cc, *flags, "-o", str(tmp), str(_SRC)], capture_output=True, text=True)
-                if r.returncode:
-                    _LIB_REASON = f"compiling {_SRC.name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}"
-                    return None, _LIB_REASON
-                tmp.rename(so)
-        lib = ctypes.CDLL(str(so))
-    except OSError as e:
-        _LIB_REASON = f"could not build or load the DDA kernels: {e}"
+    lib, _LIB_REASON = build_library(_SRC, ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11"],
+                                     "the DDA kernels", _cpu_signature())
+    if lib is None:
         return None, _LIB_REASON
     vp, u64, i32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
     lib.dda_segment_bytes.argtypes, lib.dda_segment_bytes.restype = [i32, u64], u64

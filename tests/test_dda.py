@@ -73,7 +73,7 @@ def test_fallback_says_why(monkeypatch, capfd):
     monkeypatch.setattr(dda, "_LIB", None)
     monkeypatch.setattr(dda, "_LIB_REASON", "")
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(dda.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     lib, why = dda.load_library()
     assert lib is None and "no C compiler" in why
 
