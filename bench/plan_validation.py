@@ -1,13 +1,19 @@
 """Validate the cost model on this machine: calibrate on TP=2 only, predict other layouts.
 
-1. sweep 2-rank allreduces (gloo, dda) and profile the reference model at TP=2 (the `small`
-   and `tiny` presets: weight-bound and overhead-bound decode; `moe-small`: experts, and the
-   router's token counts per expert, which give the EP runs' busiest-rank skew);
+1. sweep 2-rank allreduces (gloo, dda); `bench time-sharing` (a 4 KiB DDA allreduce after
+   each piece of weight-streaming work, 256 KiB to 64 MiB, 2 ranks against 4 on this 2-core
+   machine, alternated in one launch: what ranks beyond the cores cost per call; a
+   benchmark, not a run of the reference model); profile the reference model at TP=2 (the
+   `small` and `tiny` presets: weight-bound and overhead-bound decode; `moe-small`: experts,
+   and the router's token counts per expert, which give the EP runs' busiest-rank skew);
 2. `plan calibrate` on those alone;
 3. profile TP=4, CP=2 and EP=2 (moe-small) runs and compare their measured TTFT and TTIT
    (median over samples of the slowest rank, un-profiled) with the model's predictions.
+Every round profiles all runs one after the other (`--rounds`, default 3), so that the
+machine's slow and fast spells fall on calibration and validation alike; each run's
+numbers are medians over rounds.
 
-    python bench/plan_validation.py [--backend dda] [--repeats 3]
+    python bench/plan_validation.py [--backend dda] [--repeats 3] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +34,7 @@ from dataclasses import replace  # noqa: E402
 
 from plan.calibrate import calibrate, expert_imbalance, options_of, read_run, routed_histogram, workload_of  # noqa: E402
 from plan.costmodel import predict  # noqa: E402
+from plan.hardware import to_toml  # noqa: E402
 
 CALIB = [("small", {"tp": 2}), ("tiny", {"tp": 2}), ("moe-small", {"tp": 2})]
 VALIDATE = [("small", {"tp": 4}), ("small", {"tp": 1, "cp": 2}), ("moe-small", {"tp": 1, "ep": 2}),
@@ -51,7 +59,7 @@ def profile(tmp: Path, preset: str, layout: dict, args) -> Path:
     flags = [x for k, v in layout.items() for x in (f"--{k}", str(v))]
     cli("profile", "--preset", preset, *flags, "--backend", args.backend, "--prompt-len", str(args.prompt_len),
         "--steps", str(args.steps), "--repeats", str(args.repeats), "--out", str(out), "--oversubscribe")
-    print(f"profiled {name}", file=sys.stderr)
+    print(f"profiled {tmp.name}/{name}", file=sys.stderr)
     return out
 
 
@@ -61,36 +69,52 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every profile, interleaved; medians over rounds")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="plan-validate-"))
     sweep = tmp / "sweep.json"
     sweep.write_text(cli("bench", "collectives", "--op", "allreduce", "--backend", "gloo,dda", "--min", "1K",
                          "--max", "4M", "--world", "2", "--json"))
-    calib = [profile(tmp, p, lay, args) for p, lay in CALIB]
-    hw, _ = calibrate([str(sweep), *map(str, calib)])
-    routed = {p: routed_histogram(path) for (p, _), path in zip(CALIB, calib)}
+    shared = tmp / "time-sharing.json"
+    shared.write_text(cli("bench", "time-sharing", "--world", "4", "--rounds", "9", "--json"))
+    # Every round profiles the calibration and the validation runs one after the other, so that
+    # the machine's slow and fast spells fall on both; each run's numbers are medians over rounds.
+    bundles: dict[tuple, list[Path]] = {}
+    for i in range(args.rounds):
+        for p, lay in CALIB + VALIDATE:
+            bundles.setdefault((p, tuple(lay.items())), []).append(profile(tmp / f"round{i}", p, lay, args))
+    calib = [b for p, lay in CALIB for b in bundles[(p, tuple(lay.items()))]]
+    hw, _ = calibrate([str(sweep), str(shared), *map(str, calib)])
+    (tmp / "calibrated.toml").write_text(to_toml(hw))  # what plan/hardware/cpu-2core.toml is made from
+    routed = {p: routed_histogram(bundles[(p, tuple(lay.items()))][0]) for p, lay in CALIB}
     print(f"calibrated: {hw.peak_tflops * 1e3:.2f} GFLOP/s, {hw.mem_bw_GBps:.2f} GB/s, "
           f"{hw.layer_overhead_us:.0f} µs/layer; " + ", ".join(
               f"{k}: {v.alpha_us:.1f} µs + {v.bw_GBps:.2f} GB/s" for k, v in hw.links.items()))
-    print("\n| run | measured TTFT ms | predicted | error | measured TTIT ms | predicted | error |")
+    print("time-sharing, extra µs per call at interval µs: " + ", ".join(
+        f"{y:.0f} at {x:.0f}" for x, y in hw.time_sharing))
+    print(f"\n| run | measured TTFT ms | predicted | error | measured TTIT ms | predicted | error |  ({args.rounds} rounds)")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    rows = []
+    out = []
     for p, lay in CALIB + VALIDATE:
-        path = profile(tmp, p, lay, args) if (p, lay) in VALIDATE else tmp / run_name(p, lay)
-        run = read_run(path)
+        runs = [read_run(b) for b in bundles[(p, tuple(lay.items()))]]
+        run = runs[0]
+        ttft = statistics.median(r["ttft_ms"] for r in runs)
+        ttit = statistics.median(r["ttit_ms"] for r in runs)
         opt = options_of(run)
         hist = routed.get(p)
         if run["layout"].ep > 1 and hist is not None:  # skew from the TP=2 run, never from the run predicted
             opt = replace(opt, expert_imbalance=expert_imbalance(hist, run["layout"].ep))
-            print(f"{path.name}: expert imbalance {opt.expert_imbalance:.3f} (from {p} TP=2's routing)", file=sys.stderr)
-        pred = predict(workload_of(run), run["layout"], hw, options_of(run) if hist is None else opt)
-        e1 = pred.ttft_ms / run["ttft_ms"] - 1
-        e2 = pred.ttit_ms / run["ttit_ms"] - 1
+            print(f"{run_name(p, lay)}: expert imbalance {opt.expert_imbalance:.3f} (from {p} TP=2's routing)",
+                  file=sys.stderr)
+        pred = predict(workload_of(run), run["layout"], hw, opt)
+        e1, e2 = pred.ttft_ms / ttft - 1, pred.ttit_ms / ttit - 1
         tag = " (calibration)" if (p, lay) in CALIB else ""
-        print(f"| {path.name}{tag} | {run['ttft_ms']:.1f} | {pred.ttft_ms:.1f} | {e1:+.0%} | {run['ttit_ms']:.2f} | "
+        print(f"| {run_name(p, lay)}{tag} | {ttft:.1f} | {pred.ttft_ms:.1f} | {e1:+.0%} | {ttit:.2f} | "
               f"{pred.ttit_ms:.2f} | {e2:+.0%} |")
-        rows.append({"run": path.name, "ttft_error": e1, "ttit_error": e2})
-    (tmp / "errors.json").write_text(json.dumps(rows))
+        out.append({"run": run_name(p, lay), "ttft_ms": [r["ttft_ms"] for r in runs],
+                    "ttit_ms": [r["ttit_ms"] for r in runs], "ttft_error": e1, "ttit_error": e2})
+    (tmp / "errors.json").write_text(json.dumps(out, indent=1))
+    print(f"\nbundles and errors.json in {tmp}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@
   squares line t = a + S b over the sizes, per backend, read through that backend's
   algorithm at n = 2: the ring (gloo, NCCL) pays 2a per call, so alpha = a/2 and B = 1/b;
   DDA one-shot pays one alpha, so alpha = a, B = 1/b.
+- **Time-sharing** from `commprobe bench time-sharing --json` (collectives/timeshare.py:
+  more ranks than cores against one rank per core, side by side): per work size, the extra
+  per collective call beyond the ranks/cores factor, against the interval between calls; a
+  curve the cost model interpolates, not a fitted form.
 - **Compute** from bundles (manifest + timings.json): per run and phase, the un-profiled
   median time minus the blocked communication the ranks measured is compute. The model's
   own roofline then fixes the effective memory bandwidth (decode steps: weight-bound), the
@@ -41,6 +45,19 @@ def fit_links(rows: list[dict]) -> dict[str, Link]:
         a, b = max(float(a), 0.1), max(float(b), 1e-9)
         out[kind] = Link(a / 2 if kind == "ring" else a, 1 / b / 1e3)
     return out
+
+
+def fit_time_sharing(rows: list[dict]) -> list[tuple[float, float]]:
+    """[(interval µs, extra µs per call per extra rank per core)] from `commprobe bench
+    time-sharing --json` rows, or []. Repeated benchmarks count by their median per work size.
+    DDA's rows are used when there are any (the reference runs' backend here)."""
+    rows = [r for r in rows if r.get("bench") == "time-sharing"]
+    if any(r.get("backend") == "dda" for r in rows):
+        rows = [r for r in rows if r.get("backend") == "dda"]
+    pts: dict[tuple, list[tuple[float, float]]] = {}
+    for r in rows:
+        pts.setdefault((r["work_bytes"], r["world"], r["cores"]), []).append((r["interval_us"], r["extra_us"]))
+    return sorted((statistics.median(x for x, _ in v), statistics.median(y for _, y in v)) for v in pts.values())
 
 
 def read_run(path: Path) -> dict:
@@ -160,8 +177,9 @@ def calibrate(paths: list[str], name: str = "this-machine", devices: int | None 
                 data = json.loads(p.read_text())
             except (OSError, ValueError) as e:
                 raise PlanError(f"{p}: not a sweep JSON or a bundle ({e})") from None
-            if not isinstance(data, list):
-                raise PlanError(f"{p}: expected the JSON list of `commprobe bench collectives --json`")
+            if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+                raise PlanError(f"{p}: expected the JSON list of `commprobe bench collectives --json` "
+                               "(or `bench time-sharing --json`)")
             rows += data
     links = fit_links(rows)
     if "ring" not in links and "dda" not in links:
@@ -171,6 +189,7 @@ def calibrate(paths: list[str], name: str = "this-machine", devices: int | None 
                   devices_per_host=devices or os.cpu_count() or 1, peak_tflops=0.02, mem_bw_GBps=10.0,
                   compute_eff=1.0, mem_eff=1.0, links={"intra": intra, "inter": intra, **links}, dtype_bytes=4,
                   mem_bw_scope="host", sources=[f"calibrated from {', '.join(paths)}"])
+    hw.time_sharing = fit_time_sharing(rows)
     hw = fit_compute(runs, hw)
     hw.calibration = {"runs": len(runs), "sweep_rows": len(rows)}
     return hw, runs

@@ -27,8 +27,14 @@ rank's routed rows, and the all-gather that re-replicates tokens; exposed unless
 `overlap_all_to_all` hides them behind the expert compute.
 
 Ranks beyond a host's devices time-share them (a 2-core CPU running 4 ranks): compute,
-overhead and collectives on that host take ranks/devices times longer. Memory bandwidth is
-per device on a GPU and, on a CPU (`mem_bw_scope = "host"`), one bus all ranks share.
+overhead and collectives on that host take s = ranks/devices times longer, and every
+collective call (s - 1) x extra(interval) more, where the profile measured it
+(`[time_sharing]`, from a sweep with more ranks than cores) as a function of the interval
+between calls (the phase's time over its calls): waking ranks that sleep in a collective
+while the peer they wait for shares a core, and imbalance between cores, which grow with the
+work between calls and stop growing once a scheduler slice covers it.
+Memory bandwidth is per device on a GPU and, on a CPU (`mem_bw_scope = "host"`), one bus all
+ranks share.
 """
 
 from __future__ import annotations
@@ -181,9 +187,14 @@ def rates(hw: Hardware, world: int) -> tuple[float, float, float]:
     time-share: a 2-core CPU running 4 ranks). Memory bandwidth is the device's (GPU HBM) or,
     with `mem_bw_scope = "host"`, the host's, shared by every rank on it (a CPU's memory bus)."""
     on_host = math.ceil(world / host_count(world, hw))
-    share = max(1.0, on_host / hw.devices_per_host)
+    share = time_share(world, hw)
     mem = hw.bytes_per_us / (on_host if hw.mem_bw_scope == "host" else 1)
     return hw.flops_per_us / share, mem, share
+
+
+def time_share(world: int, hw: Hardware) -> float:
+    """Ranks per device on a host (1 unless ranks outnumber the devices, as 4 ranks on 2 cores)."""
+    return max(1.0, math.ceil(world / host_count(world, hw)) / hw.devices_per_host)
 
 
 def host_count(world: int, hw: Hardware) -> int:
@@ -275,8 +286,21 @@ def _phase(w: Workload, lay: Layout, hw: Hardware, opt: Options, decode: bool) -
     c.work = work
     c.compute_us = sum(n * group_time(f, by, flops_rate, mem_rate) for _, f, by, n in work.groups)
     c.overhead_us = L * hw.overhead_us(decode) * share
-    c.comm_us = {"tp": L * tp_ar * share, "cp": L * cp_total * share, "ep": L * ep_total * share}
-    c.exposed_us = {"tp": L * tp_ar * share, "cp": L * cp_exposed * share, "ep": L * ep_exposed * share}
+    total = {"tp": tp_ar, "cp": cp_total, "ep": ep_total}
+    exposed = {"tp": tp_ar, "cp": cp_exposed, "ep": ep_exposed}
+    c.comm_us = {a: L * total[a] * share for a in AXES}
+    c.exposed_us = {a: L * exposed[a] * share for a in AXES}
+    # collective calls per layer; each pays the time-sharing extra when ranks outnumber devices
+    calls = {"tp": 2 * (tp > 1),
+             "cp": (1 if decode else (cp - 1) + (c.cp_variant == "pass-q")) * (cp > 1),
+             "ep": 4 * (bool(m.n_experts) and ep > 1)}  # dispatch, combine, counts, re-replicating gather
+    n_calls = L * sum(calls.values())
+    if share > 1 and n_calls and hw.time_sharing:
+        interval = (c.compute_us + c.overhead_us + sum(c.exposed_us.values())) / n_calls
+        wake = (share - 1) * hw.time_share_extra_us(interval)
+        for a in AXES:
+            c.comm_us[a] += L * calls[a] * wake
+            c.exposed_us[a] += L * calls[a] * wake
     c.total_us = c.compute_us + c.overhead_us + sum(c.exposed_us.values())
     return c
 

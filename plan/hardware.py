@@ -4,7 +4,12 @@ A profile names its peak figures and where they come from, the efficiencies reac
 practice (reasoned or calibrated, never tuned to reproduce an end-to-end number), and
 alpha-beta links: `intra` (inside a host), `inter` (between hosts), and optionally `ring` /
 `dda` for machines where the library's ring and commprobe's DDA were measured separately
-(this machine, by `commprobe plan calibrate`).
+(this machine, by `commprobe plan calibrate`). `[time_sharing]` (optional, calibrated from a
+sweep with more ranks than cores) prices ranks that outnumber a host's devices beyond the
+plain ranks/devices factor: `extra_us[i]`, what each collective call costs beyond that
+factor (per extra rank per device) when calls come every `interval_us[i]` (waking ranks
+that sleep in the collective while the peer they wait for shares a core, imbalance
+between cores), interpolated between the measured intervals and held at the ends.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).with_name("hardware")
 
@@ -44,6 +51,8 @@ class Hardware:
     layer_overhead_us: float = 0.0  # per layer and forward (decode; prefill too unless set apart)
     prefill_layer_overhead_us: float | None = None
     mem_bw_scope: str = "device"  # "device" (GPU HBM) or "host" (a CPU memory bus shared by its ranks)
+    # (interval between collective calls µs, extra µs per call per extra rank per device), measured
+    time_sharing: list[tuple[float, float]] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     calibration: dict = field(default_factory=dict)
 
@@ -59,6 +68,14 @@ class Hardware:
         if decode or self.prefill_layer_overhead_us is None:
             return self.layer_overhead_us
         return self.prefill_layer_overhead_us
+
+    def time_share_extra_us(self, interval_us: float) -> float:
+        """Extra µs per collective call and extra rank per device, for calls `interval_us` apart:
+        interpolated in log interval between the measured points, held beyond them."""
+        if not self.time_sharing:
+            return 0.0
+        xs, ys = zip(*sorted(self.time_sharing))
+        return float(np.interp(np.log(max(interval_us, 1e-3)), np.log(xs), ys))
 
     def link(self, across_hosts: bool, algorithm: str = "") -> Link:
         if across_hosts:
@@ -92,9 +109,17 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
                         prefill_layer_overhead_us=(float(d["prefill_layer_overhead_us"])
                                                    if "prefill_layer_overhead_us" in d else None),
                         mem_bw_scope=str(d.get("mem_bw_scope", "device")),
+                        time_sharing=_time_sharing(d.get("time_sharing", {})),
                         calibration=dict(d.get("calibration", {})))
     except (KeyError, TypeError, ValueError) as e:
         raise PlanError(f"{p}: hardware profile lacks or mistypes {e}") from None
+
+
+def _time_sharing(t: dict) -> list[tuple[float, float]]:
+    xs, ys = t.get("interval_us", []), t.get("extra_us", [])
+    if len(xs) != len(ys) or any(float(x) <= 0 for x in xs):
+        raise ValueError("time_sharing.interval_us (positive) and extra_us must have the same length")
+    return [(float(x), float(y)) for x, y in zip(xs, ys)]
 
 
 def to_toml(hw: Hardware) -> str:
@@ -113,6 +138,10 @@ def to_toml(hw: Hardware) -> str:
     lines.append("")
     for k, link in hw.links.items():
         lines += [f"[links.{k}]", f"alpha_us = {link.alpha_us:.6g}", f"bw_GBps = {link.bw_GBps:.6g}", ""]
+    if hw.time_sharing:
+        xs, ys = zip(*sorted(hw.time_sharing))
+        lines += ["[time_sharing]", "interval_us = [" + ", ".join(f"{x:.6g}" for x in xs) + "]",
+                  "extra_us = [" + ", ".join(f"{y:.6g}" for y in ys) + "]", ""]
     if hw.calibration:
         lines.append("[calibration]")
         for k, v in hw.calibration.items():

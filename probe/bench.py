@@ -31,3 +31,12 @@ def run_sweep(cfg: SweepConfig, world: int, *, timeout: float, workdir: Path,
     finally:
         for f in _peer_files() - before:
             f.unlink(missing_ok=True)
+
+
+def run_time_sharing(cfg, world: int, *, timeout: float, workdir: Path,
+                     on_poll: Callable[[], None] | None = None) -> list[dict]:
+    """`collectives.timeshare` on `world` spawned ranks (more than the cores)."""
+    from collectives.timeshare import time_share_rank
+
+    return launch(time_share_rank, world, (cfg,), backend="gloo", timeout=timeout, on_poll=on_poll,
+                  workdir=workdir)[0]

@@ -515,6 +515,64 @@ def bench_collectives(
               "'vs dda' = backend time / DDA time", highlight=False)
 
 
+@bench_app.command("time-sharing")
+def bench_time_sharing(
+    world: int = typer.Option(4, help="Ranks: more than the usable cores."),
+    work: str = typer.Option("256K,1M,4M,16M,64M", help="Comma-separated weight bytes each rank streams "
+                             "(a matrix-vector product) before every call."),
+    backend: str = typer.Option("dda", help="dda or gloo: the collective after each piece of work."),
+    size: str = typer.Option("4K", help="Allreduce message (bytes; K/M suffixes)."),
+    rounds: int = typer.Option(7, help="Alternated rounds (one rank per core, then all ranks); medians."),
+    json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    timeout: float = typer.Option(1800.0, help="Seconds before the benchmark is called hung."),
+) -> None:
+    """What ranks beyond the cores cost per collective call, beyond ranks/cores (for `plan calibrate`)."""
+    import json
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from collectives.dda import usable_cores
+    from collectives.sweep import human_size, parse_size
+    from collectives.timeshare import TimeShareConfig
+    from probe.bench import run_time_sharing
+    from probe.launch import LaunchError
+
+    cores = usable_cores()
+    if backend not in ("dda", "gloo"):
+        fail(f"unknown backend {backend!r} (time-sharing knows dda, gloo)")
+    try:
+        work_bytes = [parse_size(w) for w in work.split(",") if w.strip()]
+        message = parse_size(size)
+    except ValueError as e:
+        fail(str(e))
+    if not work_bytes or rounds < 1:
+        fail("need at least one --work size and --rounds >= 1")
+    if world <= cores or world > 4 * cores:
+        fail(f"--world must exceed the {cores} usable cores here (and be at most {4 * cores}): "
+             "this measures ranks that time-share cores")
+    workdir = Path(tempfile.mkdtemp(prefix="commprobe-bench-"))
+    cfg = TimeShareConfig(work_bytes=work_bytes, message_bytes=message, backend=backend, cores=cores, rounds=rounds,
+                          progress_file=str(workdir / "progress"))
+    try:
+        rows = run_time_sharing(cfg, world, timeout=timeout, workdir=workdir / "ranks")
+    except LaunchError as e:
+        fail(str(e), code=1)
+    if json_out:
+        print(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"time-sharing: {world} ranks on {cores} cores, {backend} allreduce of {size} after each "
+                  f"piece of work (medians of {rounds} alternated rounds)")
+    for col in ("work", f"{cores} ranks µs/call", f"{world} ranks µs/call", "interval µs", "extra µs/call"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(human_size(r["work_bytes"]), f"{statistics.median(r['base_us']):.0f}",
+                      f"{statistics.median(r['shared_us']):.0f}", f"{r['interval_us']:.0f}", f"{r['extra_us']:.0f}")
+    console.print(table)
+    console.print("extra = (all ranks - ranks/cores x one per core) / (ranks/cores - 1); "
+                  "`commprobe plan calibrate` reads the --json rows", highlight=False)
+
+
 def main() -> None:
     try:
         app()

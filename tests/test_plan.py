@@ -137,3 +137,50 @@ def test_expert_imbalance_from_routed_counts():
     assert expert_imbalance(hist, 4) == pytest.approx((30 + 16) / (16 + 16))
     with pytest.raises(PlanError):
         expert_imbalance(hist, 3)
+
+
+def _ts_row(work, interval, extra, backend="dda"):
+    return {"bench": "time-sharing", "backend": backend, "world": 4, "cores": 2, "work_bytes": work,
+            "message_bytes": 4096, "interval_us": interval, "extra_us": extra}
+
+
+def test_time_sharing_fit_and_its_cost(tmp_path):
+    """`bench time-sharing` rows become a curve (medians per work size over repeated runs, DDA's
+    rows first); the cost model adds its extra per collective call only where ranks outnumber
+    devices, at the phase's interval between calls; the curve survives a profile round trip."""
+    from dataclasses import replace
+
+    from plan.calibrate import fit_links, fit_time_sharing
+    from plan.costmodel import time_share
+    from plan.hardware import to_toml
+
+    rows = [_ts_row(1 << 20, 200, 50), _ts_row(1 << 20, 220, 70), _ts_row(1 << 20, 210, 60),
+            _ts_row(16 << 20, 2000, 600), _ts_row(1 << 20, 100, 900, backend="gloo")]
+    assert fit_time_sharing(rows) == [(210.0, 60.0), (2000.0, 600.0)]
+    assert fit_time_sharing([{"op": "allreduce", "world": 2, "bytes": 4096, "time_us": 9.0}]) == []
+    plain = [{"backend": "dda", "op": "allreduce", "bytes": b, "world": 2, "time_us": 5 + b / 1e4} for b in (1e3, 1e6)]
+    assert fit_links(plain + rows)["dda"] == fit_links(plain)["dda"]
+
+    hw = replace(load_hardware("cpu-2core"), time_sharing=[(200.0, 60.0), (2000.0, 600.0)])
+    assert hw.time_share_extra_us(100) == 60.0 and hw.time_share_extra_us(1e5) == 600.0  # held at the ends
+    assert hw.time_share_extra_us(np.sqrt(200 * 2000)) == pytest.approx(330.0)  # linear in log interval
+    w = Workload(get_preset("small"), batch=1, prompt_len=128)
+    none = replace(hw, time_sharing=[])
+    for lay in (Layout(tp=2), Layout(tp=4)):
+        with_ts, without = predict(w, lay, hw), predict(w, lay, none)
+        for phase in ("prefill", "decode"):
+            a, b = getattr(with_ts, phase), getattr(without, phase)
+            if lay.tp == 2:  # one rank per core: nothing added
+                assert a.total_us == b.total_us
+                continue
+            calls = w.model.n_layers * 2
+            interval = (b.compute_us + b.overhead_us + sum(b.exposed_us.values())) / calls
+            added = calls * (time_share(4, hw) - 1) * hw.time_share_extra_us(interval)
+            assert a.exposed_us["tp"] - b.exposed_us["tp"] == pytest.approx(added) and added > 0
+            assert a.total_us - b.total_us == pytest.approx(added) and a.compute_us == b.compute_us
+    path = tmp_path / "ts.toml"
+    path.write_text(to_toml(hw))
+    assert load_hardware(path).time_sharing == hw.time_sharing
+    path.write_text(to_toml(hw).replace("extra_us = [60, 600]", "extra_us = [60]"))
+    with pytest.raises(PlanError, match="time_sharing"):
+        load_hardware(path)

@@ -48,3 +48,23 @@ def test_missing_peer_is_reported_not_fatal():
 def test_bad_sweep_arguments(args, needle):
     r = run_cli("bench", "collectives", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_time_sharing_benchmark_rows():
+    """`bench time-sharing`: one rank per core against more ranks than cores in one launch; the
+    rows carry what `plan calibrate` reads, consistent with their own per-round times."""
+    import statistics
+
+    from collectives.dda import usable_cores
+
+    cores = usable_cores()
+    r = run_cli("bench", "time-sharing", "--world", str(cores + 1), "--work", "64K", "--rounds", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)
+    s = (cores + 1) / cores
+    assert row["bench"] == "time-sharing" and row["world"] == cores + 1 and row["cores"] == cores
+    assert len(row["base_us"]) == len(row["shared_us"]) == 3 and row["work_bytes"] == 64 << 10
+    assert row["interval_us"] == pytest.approx(s * statistics.median(row["base_us"]))
+    assert row["extra_us"] == pytest.approx(max(0.0, statistics.median(row["shared_us"]) - row["interval_us"]) / (s - 1))
+    r = run_cli("bench", "time-sharing", "--world", str(cores))
+    assert r.returncode == 2 and "must exceed" in r.stderr and len(r.stderr.strip().splitlines()) == 1
