@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .dda import DEFAULT_SPIN_US
+
 WORK_CYCLE_BYTES = 128 << 20  # more than any L3 here: each call's work reads from memory
 
 
@@ -92,7 +94,10 @@ def time_share_rank(cfg: TimeShareConfig) -> list[dict]:
     base_ranks = list(range(cfg.cores))
     base_group = dist.new_group(base_ranks) if cfg.cores > 1 else None  # every rank must create it
     member = rank in base_ranks
-    base = make_comm(cfg.backend, "base", base_group, base_ranks) if member and cfg.cores > 1 else None
+    # A stands for a job of `cores` ranks alone on the host: DDA spins there before sleeping,
+    # as it would (it would sleep at once here, seeing all of this job's ranks).
+    opts = {"spin_us": DEFAULT_SPIN_US} if cfg.backend == "dda" and not torch.cuda.is_available() else {}
+    base = make_comm(cfg.backend, "base", base_group, base_ranks, **opts) if member and cfg.cores > 1 else None
     full = make_comm(cfg.backend, "all")
     x = torch.rand(max(1, cfg.message_bytes // 4))
     s = world / cfg.cores

@@ -29,10 +29,10 @@ rank's routed rows, and the all-gather that re-replicates tokens; exposed unless
 Ranks beyond a host's devices time-share them (a 2-core CPU running 4 ranks): compute,
 overhead and collectives on that host take s = ranks/devices times longer, and every
 collective call (s - 1) x extra(interval) more, where the profile measured it
-(`[time_sharing]`, from a sweep with more ranks than cores) as a function of the interval
-between calls (the phase's time over its calls): waking ranks that sleep in a collective
-while the peer they wait for shares a core, and imbalance between cores, which grow with the
-work between calls and stop growing once a scheduler slice covers it.
+(`[time_sharing]`, from `commprobe bench time-sharing`) against the interval between calls
+(here the phase's time over its calls; held at the ends of the measured range): waking ranks
+that sleep in a collective while the peer they wait for shares a core, and imbalance between
+cores.
 Memory bandwidth is per device on a GPU and, on a CPU (`mem_bw_scope = "host"`), one bus all
 ranks share.
 """

@@ -93,3 +93,18 @@ def test_every_call_is_a_labelled_profiler_span():
         "commprobe/comm/tp/all_reduce/bytes=2000/dtype=bfloat16/group=2/backend=dda",
         "commprobe/comm/tp/send_recv/bytes=20/dtype=float32/group=2/backend=dda",
     ]
+
+
+def test_spin_only_while_the_hosts_ranks_fit_the_cores(monkeypatch):
+    """Spin-then-sleep is decided by all of the job's ranks on the host, not the group's size:
+    a TP pair of a 4-rank job on 2 cores must sleep at once (spinning, it held the core the
+    other pair needed: decode 13-16 % slower)."""
+    from collectives.dda import DEFAULT_SPIN_US, ranks_on_host, usable_cores
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert ranks_on_host() == 3
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert ranks_on_host() == 1  # no process group, no launcher: this process alone
+    want = DEFAULT_SPIN_US if 4 <= usable_cores() else 0.0
+    for sub, full in launch(workers.dda_spin_choice, 4, timeout=120):
+        assert sub == full == want

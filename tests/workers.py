@@ -212,3 +212,20 @@ def mesh_generate(mesh_kw: dict, runs: list[dict], prompt: torch.Tensor, steps: 
         if hasattr(c, "close"):
             c.close()
     return out
+
+
+def dda_spin_choice() -> tuple[float, float]:
+    """(spin of a 2-rank subgroup's DDA, spin of the whole job's) in this launch."""
+    import torch.distributed as dist
+
+    from collectives.dda import DDAComm
+
+    rank = dist.get_rank()
+    pair = [rank - rank % 2, rank - rank % 2 + 1]
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    sub = DDAComm("tp", groups[rank // 2], pair)
+    full = DDAComm("cp")
+    out = (sub.spin_us, full.spin_us)
+    sub.close()
+    full.close()
+    return out
