@@ -8,6 +8,10 @@
   more ranks than cores against one rank per core, side by side): per work size, the extra
   per collective call beyond the ranks/cores factor, against the interval between calls; a
   curve the cost model interpolates, not a fitted form.
+- **Stragglers** from the same bundles: per phase, the median over runs of what the ranks
+  were blocked in collectives beyond the model's transfer time, over the model's compute and
+  overhead (fitted first): the wait for the slowest peer, proportional to the work between
+  calls.
 - **Compute** from bundles (manifest + timings.json): per run and phase, the un-profiled
   median time minus the blocked communication the ranks measured is compute. The model's
   own roofline then fixes the effective memory bandwidth (decode steps: weight-bound), the
@@ -165,6 +169,24 @@ def fit_compute(runs: list[dict], hw: Hardware, iterations: int = 20) -> Hardwar
     return hw
 
 
+def fit_stragglers(runs: list[dict], hw: Hardware) -> Hardware:
+    """What the runs' ranks were blocked in collectives beyond the modelled transfer, as a
+    fraction of the modelled compute and overhead, per phase (median over runs with
+    collectives): the wait for the slowest peer, which a sweep's lock-step loop never shows."""
+    frac: dict[bool, list[float]] = {False: [], True: []}
+    for r in runs:
+        if r["layout"].world < 2:
+            continue
+        for dec, total_ms, share in ((False, r["ttft_ms"], r["prefill_comm_share"]),
+                                     (True, r["ttit_ms"], r["decode_comm_share"])):
+            cost = _phase(workload_of(r), r["layout"], hw, options_of(r), dec)
+            work = cost.compute_us + cost.overhead_us
+            if work > 0:
+                frac[dec].append(max(0.0, total_ms * 1e3 * share - sum(cost.exposed_us.values())) / work)
+    med = {k: statistics.median(v) if v else 0.0 for k, v in frac.items()}
+    return replace(hw, straggler_prefill=med[False], straggler_decode=med[True])
+
+
 def calibrate(paths: list[str], name: str = "this-machine", devices: int | None = None) -> tuple[Hardware, list[dict]]:
     import os
 
@@ -191,6 +213,7 @@ def calibrate(paths: list[str], name: str = "this-machine", devices: int | None 
                   mem_bw_scope="host", sources=[f"calibrated from {', '.join(paths)}"])
     hw.time_sharing = fit_time_sharing(rows)
     hw = fit_compute(runs, hw)
+    hw = fit_stragglers(runs, hw)
     hw.calibration = {"runs": len(runs), "sweep_rows": len(rows)}
     return hw, runs
 

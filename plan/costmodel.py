@@ -34,7 +34,9 @@ collective call (s - 1) x extra(interval) more, where the profile measured it
 that sleep in a collective while the peer they wait for shares a core, and imbalance between
 cores.
 Memory bandwidth is per device on a GPU and, on a CPU (`mem_bw_scope = "host"`), one bus all
-ranks share.
+ranks share. Where a profile was calibrated on runs, ranks also wait for their slowest peer
+at collectives: straggler x (compute + overhead) of the phase, spread over its collective
+calls (run-to-run jitter of the work between calls; absent from a tight-loop sweep).
 """
 
 from __future__ import annotations
@@ -295,6 +297,11 @@ def _phase(w: Workload, lay: Layout, hw: Hardware, opt: Options, decode: bool) -
              "cp": (1 if decode else (cp - 1) + (c.cp_variant == "pass-q")) * (cp > 1),
              "ep": 4 * (bool(m.n_experts) and ep > 1)}  # dispatch, combine, counts, re-replicating gather
     n_calls = L * sum(calls.values())
+    if n_calls and hw.straggler(decode):  # waits for the slowest peer grow with the work between calls
+        wait = hw.straggler(decode) * (c.compute_us + c.overhead_us)
+        for a in AXES:
+            c.comm_us[a] += wait * L * calls[a] / n_calls
+            c.exposed_us[a] += wait * L * calls[a] / n_calls
     if share > 1 and n_calls and hw.time_sharing:
         interval = (c.compute_us + c.overhead_us + sum(c.exposed_us.values())) / n_calls
         wake = (share - 1) * hw.time_share_extra_us(interval)

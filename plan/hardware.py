@@ -10,6 +10,9 @@ plain ranks/devices factor: `extra_us[i]`, what each collective call costs beyon
 factor (per extra rank per device) when calls come every `interval_us[i]` (waking ranks
 that sleep in the collective while the peer they wait for shares a core, imbalance
 between cores), interpolated between the measured intervals and held at the ends.
+`straggler_prefill` / `straggler_decode` (calibrated; 0 in the published-hardware profiles):
+what ranks wait in collectives for their slowest peer beyond the modelled transfer, as a
+fraction of the work between the collectives.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class Hardware:
     mem_bw_scope: str = "device"  # "device" (GPU HBM) or "host" (a CPU memory bus shared by its ranks)
     # (interval between collective calls µs, extra µs per call per extra rank per device), measured
     time_sharing: list[tuple[float, float]] = field(default_factory=list)
+    # waiting for stragglers in collectives, as a fraction of the work between them (calibrated)
+    straggler_prefill: float = 0.0
+    straggler_decode: float = 0.0
     sources: list[str] = field(default_factory=list)
     calibration: dict = field(default_factory=dict)
 
@@ -68,6 +74,9 @@ class Hardware:
         if decode or self.prefill_layer_overhead_us is None:
             return self.layer_overhead_us
         return self.prefill_layer_overhead_us
+
+    def straggler(self, decode: bool) -> float:
+        return self.straggler_decode if decode else self.straggler_prefill
 
     def time_share_extra_us(self, interval_us: float) -> float:
         """Extra µs per collective call and extra rank per device, for calls `interval_us` apart:
@@ -110,6 +119,8 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
                                                    if "prefill_layer_overhead_us" in d else None),
                         mem_bw_scope=str(d.get("mem_bw_scope", "device")),
                         time_sharing=_time_sharing(d.get("time_sharing", {})),
+                        straggler_prefill=float(d.get("straggler_prefill", 0.0)),
+                        straggler_decode=float(d.get("straggler_decode", 0.0)),
                         calibration=dict(d.get("calibration", {})))
     except (KeyError, TypeError, ValueError) as e:
         raise PlanError(f"{p}: hardware profile lacks or mistypes {e}") from None
@@ -135,6 +146,8 @@ def to_toml(hw: Hardware) -> str:
               f"layer_overhead_us = {hw.layer_overhead_us:.6g}", f'mem_bw_scope = "{hw.mem_bw_scope}"']
     if hw.prefill_layer_overhead_us is not None:
         lines.append(f"prefill_layer_overhead_us = {hw.prefill_layer_overhead_us:.6g}")
+    if hw.straggler_prefill or hw.straggler_decode:
+        lines += [f"straggler_prefill = {hw.straggler_prefill:.6g}", f"straggler_decode = {hw.straggler_decode:.6g}"]
     lines.append("")
     for k, link in hw.links.items():
         lines += [f"[links.{k}]", f"alpha_us = {link.alpha_us:.6g}", f"bw_GBps = {link.bw_GBps:.6g}", ""]

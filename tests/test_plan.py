@@ -184,3 +184,36 @@ def test_time_sharing_fit_and_its_cost(tmp_path):
     path.write_text(to_toml(hw).replace("extra_us = [60, 600]", "extra_us = [60]"))
     with pytest.raises(PlanError, match="time_sharing"):
         load_hardware(path)
+
+
+def test_straggler_wait_fit_and_its_cost():
+    """Blocked time in the runs' collectives beyond the modelled transfer becomes a fraction of
+    the work per phase (median over runs); the model charges it only where there are collectives."""
+    from dataclasses import replace
+
+    from plan.calibrate import fit_stragglers, options_of, workload_of
+    from plan.costmodel import _phase
+
+    hw = replace(load_hardware("cpu-2core"), time_sharing=[], straggler_prefill=0.0, straggler_decode=0.0)
+    model = get_preset("small")
+    runs = []
+    for frac in (0.05, 0.08, 0.30):  # what each run waited, as a fraction of its work
+        run = {"model": model, "layout": Layout(tp=2), "backend": "dda", "batch": 1, "prompt_len": 128,
+               "decode_steps": 16}
+        for dec, key in ((False, "ttft"), (True, "ttit")):
+            c = _phase(workload_of(run), run["layout"], hw, options_of(run), dec)
+            comm = sum(c.exposed_us.values()) + frac * (c.compute_us + c.overhead_us)
+            total = c.compute_us + c.overhead_us + comm
+            run[f"{key}_ms"], run[("decode" if dec else "prefill") + "_comm_share"] = total / 1e3, comm / total
+        runs.append(run)
+    fitted = fit_stragglers(runs, hw)
+    assert fitted.straggler_prefill == pytest.approx(0.08) and fitted.straggler_decode == pytest.approx(0.08)
+    w = Workload(model, batch=1, prompt_len=128)
+    for lay in (Layout(tp=2), Layout(cp=2), Layout(tp=1)):
+        a, b = predict(w, lay, fitted).decode, predict(w, lay, hw).decode
+        added = 0.0 if lay.world == 1 else 0.08 * (b.compute_us + b.overhead_us)
+        assert a.total_us - b.total_us == pytest.approx(added)
+    from plan.hardware import to_toml
+
+    text = to_toml(fitted)
+    assert "straggler_decode = 0.08" in text and "straggler" not in to_toml(hw)
