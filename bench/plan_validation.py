@@ -83,14 +83,14 @@ def main() -> None:
         cli("bench", "time-sharing", "--world", "4", "--rounds", "7", "--json"))]))
     # Every round profiles the calibration and the validation runs one after the other, so that
     # the machine's slow and fast spells fall on both; each run's numbers are medians over rounds.
-    bundles: dict[tuple, list[Path]] = {}
+    bundles: dict[str, list[Path]] = {}  # run name -> its bundle in each round
     for i in range(args.rounds):
         for p, lay in CALIB + VALIDATE:
-            bundles.setdefault((p, tuple(lay.items())), []).append(profile(tmp / f"round{i}", p, lay, args))
-    calib = [b for p, lay in CALIB for b in bundles[(p, tuple(lay.items()))]]
+            bundles.setdefault(run_name(p, lay), []).append(profile(tmp / f"round{i}", p, lay, args))
+    calib = [b for p, lay in CALIB for b in bundles[run_name(p, lay)]]
     hw, _ = calibrate([str(sweep), str(shared), *map(str, calib)])
     (tmp / "calibrated.toml").write_text(to_toml(hw))  # what plan/hardware/cpu-2core.toml is made from
-    routed = {p: routed_histogram(bundles[(p, tuple(lay.items()))][0]) for p, lay in CALIB}
+    routed = {p: routed_histogram(bundles[run_name(p, lay)][0]) for p, lay in CALIB}
     print(f"calibrated: {hw.peak_tflops * 1e3:.2f} GFLOP/s, {hw.mem_bw_GBps:.2f} GB/s, "
           f"{hw.layer_overhead_us:.0f} µs/layer; " + ", ".join(
               f"{k}: {v.alpha_us:.1f} µs + {v.bw_GBps:.2f} GB/s" for k, v in hw.links.items()))
@@ -100,7 +100,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     out = []
     for p, lay in CALIB + VALIDATE:
-        runs = [read_run(b) for b in bundles[(p, tuple(lay.items()))]]
+        runs = [read_run(b) for b in bundles[run_name(p, lay)]]
         run = runs[0]
         ttft = statistics.median(r["ttft_ms"] for r in runs)
         ttit = statistics.median(r["ttit_ms"] for r in runs)

@@ -128,7 +128,8 @@ def _op_fn(comm, op: str, nbytes: int, dtype: torch.dtype) -> Callable[[], objec
     return lambda: comm.all_to_all(x, splits, splits)
 
 
-def _slowest(seconds: float) -> float:
+def slowest(seconds: float) -> float:
+    """The largest of every rank's `seconds` (a collective is done when its last rank is)."""
     t = torch.tensor([seconds], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
@@ -139,7 +140,7 @@ def _batch(fn: Callable[[], object], iters: int) -> float:
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    return _slowest(time.perf_counter() - t0)
+    return slowest(time.perf_counter() - t0)
 
 
 def copy_bandwidth_GBps(nbytes: int = 16 << 20, reps: int = 9) -> float:

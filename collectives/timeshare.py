@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .dda import DEFAULT_SPIN_US
+from .sweep import slowest
 
 WORK_CYCLE_BYTES = 128 << 20  # more than any L3 here: each call's work reads from memory
 
@@ -77,12 +78,6 @@ def work_fn(work_bytes: int) -> Callable[[], object]:
     return work
 
 
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def time_share_rank(cfg: TimeShareConfig) -> list[dict]:
     """Body of each rank; returns the rows (identical on every rank)."""
     from .backends import make_comm
@@ -120,7 +115,7 @@ def time_share_rank(cfg: TimeShareConfig) -> list[dict]:
             if active:
                 for _ in range(calls):
                     fn()
-            return _slowest(time.perf_counter() - t0 if active else 0.0) / calls
+            return slowest(time.perf_counter() - t0 if active else 0.0) / calls
 
         batch(step_all, 10, True)  # warm-up: first touches, DDA's first calls (slow for a while)
         batch(step_base, 10, member)

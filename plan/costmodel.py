@@ -297,17 +297,17 @@ def _phase(w: Workload, lay: Layout, hw: Hardware, opt: Options, decode: bool) -
              "cp": (1 if decode else (cp - 1) + (c.cp_variant == "pass-q")) * (cp > 1),
              "ep": 4 * (bool(m.n_experts) and ep > 1)}  # dispatch, combine, counts, re-replicating gather
     n_calls = L * sum(calls.values())
-    if n_calls and hw.straggler(decode):  # waits for the slowest peer grow with the work between calls
-        wait = hw.straggler(decode) * (c.compute_us + c.overhead_us)
+
+    def charge(per_call_us: float) -> None:  # exposed µs at every collective call of the phase
         for a in AXES:
-            c.comm_us[a] += wait * L * calls[a] / n_calls
-            c.exposed_us[a] += wait * L * calls[a] / n_calls
+            c.comm_us[a] += L * calls[a] * per_call_us
+            c.exposed_us[a] += L * calls[a] * per_call_us
+
+    if n_calls and hw.straggler(decode):  # waits for the slowest peer grow with the work between calls
+        charge(hw.straggler(decode) * (c.compute_us + c.overhead_us) / n_calls)
     if share > 1 and n_calls and hw.time_sharing:
         interval = (c.compute_us + c.overhead_us + sum(c.exposed_us.values())) / n_calls
-        wake = (share - 1) * hw.time_share_extra_us(interval)
-        for a in AXES:
-            c.comm_us[a] += L * calls[a] * wake
-            c.exposed_us[a] += L * calls[a] * wake
+        charge((share - 1) * hw.time_share_extra_us(interval))
     c.total_us = c.compute_us + c.overhead_us + sum(c.exposed_us.values())
     return c
 
