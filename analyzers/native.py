@@ -5,8 +5,7 @@ several times the trace's size in memory and most of the analyzer's time; the sc
 ts, dur and name/cat/tid ids straight into arrays and keeps the raw args of communication
 candidates only, reading the trace a chunk at a time, so memory holds one chunk plus the
 columns (about a fifth of the JSON), not the trace. It is compiled on first use with the
-system compiler (no build step at install, nothing for a laptop without a compiler to trip
-on) and cached per source and compiler. Without a compiler, or with COMMPROBE_PURE_PYTHON
+system compiler and cached (common/native.py). Without a compiler, or with COMMPROBE_PURE_PYTHON
 set, or on any input the scanner does not accept, the caller falls back to the msgspec
 decoder, which gives the same columns and names the problem in bad input.
 """
@@ -14,17 +13,15 @@ decoder, which gives the same columns and names the problem in bad input.
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import hashlib
 import os
-import shutil
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.ctypeslib  # noqa: F401  (numpy imports it lazily, on the first trace otherwise)
+
+from commprobe.common.native import build_library
 
 _SRC = Path(__file__).with_name("trace_scan.c")
 _i64, _i32 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)
@@ -54,39 +51,6 @@ class Scanned:
 
 _LIB: ctypes.CDLL | None = None
 _WHY = ""
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "commprobe"
-
-
-def build_library(src: Path, flags: list[str], what: str, key_extra: str = "") -> tuple[ctypes.CDLL | None, str]:
-    """Compile `src` with the system compiler into a shared library, once per source, compiler,
-    flags and `key_extra` (cached in ~/.cache/commprobe; processes starting together build once,
-    under a lock, and the file appears atomically), and load it; (None, why) when impossible.
-    Shared by the DDA kernels and the trace scanner; torch-free, so the analyzers can use it."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc or not shutil.which(cc):
-        return None, "no C compiler found (set CC)"
-    if not src.exists():
-        return None, f"{src.name} is not installed beside {what}'s Python code"
-    key = hashlib.sha256(src.read_bytes() + " ".join([cc, *flags, key_extra]).encode()).hexdigest()[:16]
-    cache = _cache_dir()
-    so = cache / f"{src.stem}-{key}.so"
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        with open(cache / "build.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not so.exists():
-                tmp = so.with_suffix(f".{os.getpid()}.tmp")
-                r = subprocess.run([cc, *flags, "-o", str(tmp), str(src)], capture_output=True, text=True)
-                if r.returncode:
-                    return None, f"compiling {src.name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}"
-                os.replace(tmp, so)
-        return ctypes.CDLL(str(so)), ""
-    except OSError as e:
-        return None, f"could not build or load {what}: {e}"
 
 
 def load_scanner() -> tuple[ctypes.CDLL | None, str]:

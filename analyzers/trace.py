@@ -25,6 +25,8 @@ from typing import Callable
 import msgspec
 import numpy as np
 
+from commprobe.common.errors import InputError
+
 from . import native
 
 try:  # ISA-L inflates gzip about twice as fast as zlib here; same API, zlib as the fallback
@@ -35,7 +37,7 @@ except ImportError:  # pragma: no cover - platforms without isal wheels
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "Kernel", "Memcpy", "Memset"})
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace (or directory of traces) that cannot be analyzed; the message is one line."""
 
 

@@ -36,10 +36,10 @@ OURS = HWM.replace("{", "{{").replace("}", "}}") + """
 import sys, time, json
 sys.path.insert(0, {root!r})
 t = time.perf_counter()
-from analyzers.analysis import analyze
-from analyzers.attribution import comm_comp_overlap, step_windows
-from analyzers.classify import classify
-from analyzers.trace import load_traces
+from commprobe.analyzers.analysis import analyze
+from commprobe.analyzers.attribution import comm_comp_overlap, step_windows
+from commprobe.analyzers.classify import classify
+from commprobe.analyzers.trace import load_traces
 times = []
 for _ in range(int(sys.argv[2])):  # median of repeats: single small runs are noise on this machine
     t = time.perf_counter()

@@ -18,9 +18,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from analyzers.gate import Thresholds, gate  # noqa: E402
+from commprobe.gate import Thresholds, gate  # noqa: E402
 
 WORKLOAD = ["--preset", "tiny", "--tp", "2", "--steps", "16", "--repeats", "8", "--prompt-len", "32", "--backend", "dda"]
 
@@ -37,7 +36,7 @@ def main() -> None:
     runs = []
     for i in range(args.runs):
         out = tmp / f"run{i}"
-        r = subprocess.run([sys.executable, "-m", "probe.cli", "profile", *WORKLOAD, "--out", str(out)], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "commprobe.probe.cli", "profile", *WORKLOAD, "--out", str(out)], cwd=ROOT,
                            capture_output=True, text=True, env={**os.environ, "KINETO_LOG_LEVEL": "5"})
         if r.returncode:
             sys.exit(f"run {i} failed: {r.stderr.strip().splitlines()[-1]}")

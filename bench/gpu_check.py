@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "probe.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "commprobe.probe.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "KINETO_LOG_LEVEL": "5", "PYTHONPATH": str(ROOT)})
 
 
@@ -37,8 +36,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("gpu_check: torch sees no GPU")
     # 1. GPU equals CPU
-    from reference_impl.config import get_preset
-    from reference_impl.model import build_model, greedy_generate
+    from commprobe.reference_impl.config import get_preset
+    from commprobe.reference_impl.model import build_model, greedy_generate
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --find-links .whl --no-deps msgspec typer plotly isal safetensors \
     click shellingham narwhals 2>&1 | tail -2 || true
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2 || true  # commprobe.* names
 export PYTHONPATH="$PWD" OUT="${OUT:-$PWD/gpu-check}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true

@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from probe.launch import launch
-from probe.run import RunConfig, run_rank
+from commprobe.probe.launch import launch
+from commprobe.probe.run import RunConfig, run_rank
 
 
 def main() -> None:

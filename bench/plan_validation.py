@@ -28,13 +28,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from dataclasses import replace  # noqa: E402
 
-from plan.calibrate import calibrate, expert_imbalance, options_of, read_run, routed_histogram, workload_of  # noqa: E402
-from plan.costmodel import predict  # noqa: E402
-from plan.hardware import to_toml  # noqa: E402
+from commprobe.plan.calibrate import calibrate, expert_imbalance, options_of, read_run, routed_histogram, workload_of  # noqa: E402
+from commprobe.plan.costmodel import predict  # noqa: E402
+from commprobe.plan.hardware import to_toml  # noqa: E402
 
 CALIB = [("small", {"tp": 2}), ("tiny", {"tp": 2}), ("moe-small", {"tp": 2})]
 VALIDATE = [("small", {"tp": 4}), ("small", {"tp": 1, "cp": 2}), ("moe-small", {"tp": 1, "ep": 2}),
@@ -42,7 +41,7 @@ VALIDATE = [("small", {"tp": 4}), ("small", {"tp": 1, "cp": 2}), ("moe-small", {
 
 
 def cli(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "probe.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "commprobe.probe.cli", *args], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "KINETO_LOG_LEVEL": "5"})
     if r.returncode:
         sys.exit(f"commprobe {' '.join(args)} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")

@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from analyzers.native import build_library  # torch-free; shared with the trace scanner
+from commprobe.common.host import cpu_flags, local_world_size, shm_dir, usable_cores
+from commprobe.common.native import build_library
 
 from .comm import Ready
 from .spans import comm_span
@@ -52,37 +53,10 @@ class DDAError(RuntimeError):
     pass
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (taskset, cgroup cpusets), not the machine's count: the
-    spin-or-sleep decision and the oversubscription check are about the cores we really get."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # platforms without affinity
-        return os.cpu_count() or 1
-
-
 def ranks_on_host() -> int:
-    """The job's ranks on this host: LOCAL_WORLD_SIZE (torchrun and commprobe's launcher set
-    it), else the whole job (a process group of unknown layout: assume it shares this host)."""
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if local and local.isdigit():
-        return int(local)
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def shm_dir() -> Path:
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
-
-
-def _cpu_signature() -> str:
-    """Part of the cache key: a library built with -march=native must not run on another CPU."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
+    """The job's ranks on this host: LOCAL_WORLD_SIZE, else the whole job (a process group of
+    unknown layout: assume it shares this host)."""
+    return local_world_size(dist.get_world_size() if dist.is_initialized() else 1)
 
 
 _LIB: ctypes.CDLL | None = None
@@ -98,7 +72,7 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
         _LIB_REASON = "COMMPROBE_DDA_PURE is set"
         return None, _LIB_REASON
     lib, _LIB_REASON = build_library(_SRC, ["-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11"],
-                                     "the DDA kernels", _cpu_signature())
+                                     "the DDA kernels", cpu_flags())
     if lib is None:
         return None, _LIB_REASON
     vp, u64, i32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
@@ -149,14 +123,15 @@ class DDAComm:
         # Spin only while this host's ranks fit on the cores (a spinning rank then wastes nothing
         # but its own idle core); oversubscribed, sleep at once so the rank we wait for can run.
         # All of the job's ranks here count, not this group's: a TP pair of a TP2xCP2 job on 2
-        # cores spun while the other pair waited for the core (decode 13-16 % slower, measured).
+        # cores spun while the other pair waited for the core (bench/RESULTS.md, "Cost model validation", the DDA fix).
         env_spin = os.environ.get("COMMPROBE_DDA_SPIN_US")
         self.spin_us = spin_us if spin_us is not None else float(env_spin) if env_spin else (
             DEFAULT_SPIN_US if ranks_on_host() <= usable_cores() else 0.0)
         self._k = 0
         self._closed = False
-        # Test-only: a known slowdown inside every allreduce, for the regression gate's tests.
-        self._test_delay_s = float(os.environ.get("COMMPROBE_TEST_DDA_DELAY_US", "0")) * 1e-6
+        # A slower link, emulated: a known delay inside every allreduce's span, so that what the
+        # analyzers and the gate report of a slowdown can be checked against its true size.
+        self._delay_s = float(os.environ.get("COMMPROBE_DDA_DELAY_US", "0")) * 1e-6
         seg = self._segment_bytes()
         self._mm = self._map_segment(seg)
         self._buf = torch.frombuffer(self._mm, dtype=torch.uint8)
@@ -247,8 +222,8 @@ class DDAComm:
         nbytes = y.numel() * y.element_size()
         twoshot = nbytes >= self.twoshot_min_bytes
         with self._span("all_reduce", y):
-            if self._test_delay_s:
-                time.sleep(self._test_delay_s)
+            if self._delay_s:
+                time.sleep(self._delay_s)
             if self._lib is not None:
                 fn = self._lib.dda_allreduce_twoshot if twoshot else self._lib.dda_allreduce_oneshot
                 self._check(fn(self._ctx, y.data_ptr(), y.data_ptr(), y.numel(), code), "all_reduce")

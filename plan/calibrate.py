@@ -4,7 +4,7 @@
   squares line t = a + S b over the sizes, per backend, read through that backend's
   algorithm at n = 2: the ring (gloo, NCCL) pays 2a per call, so alpha = a/2 and B = 1/b;
   DDA one-shot pays one alpha, so alpha = a, B = 1/b.
-- **Time-sharing** from `commprobe bench time-sharing --json` (collectives/timeshare.py:
+- **Time-sharing** from `commprobe bench time-sharing --json` (probe/bench/timeshare.py:
   more ranks than cores against one rank per core, side by side): per work size, the extra
   per collective call beyond the ranks/cores factor, against the interval between calls; a
   curve the cost model interpolates, not a fitted form.
@@ -28,6 +28,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from commprobe.common.bundle import (
+    BundleError,
+    read_manifest,
+    read_timings,
+    require_manifest,
+    sub_bundles,
+    timing_samples,
+)
 
 from .costmodel import Layout, Options, Workload, _phase, rates
 from .hardware import Hardware, Link, PlanError
@@ -66,17 +75,16 @@ def fit_time_sharing(rows: list[dict]) -> list[tuple[float, float]]:
 
 def read_run(path: Path) -> dict:
     """One bundle's facts for calibration and validation."""
-    from analyzers.gate import load_metrics
-    from reference_impl.config import ModelConfig
+    from commprobe.reference_impl.config import ModelConfig
 
-    m = json.loads((path / "manifest.json").read_text())
-    if m.get("sub_bundles"):
-        raise PlanError(f"{path}: has one bundle per backend; pass one of them ({', '.join(m['sub_bundles'])})")
-    metrics, _, _ = load_metrics(path, analyze_traces=False)
+    m = require_manifest(path)
+    if sub_bundles(m):
+        raise PlanError(f"{path}: has one bundle per backend; pass one of them ({', '.join(sub_bundles(m))})")
+    samples = timing_samples(read_timings(path))
     known = set(ModelConfig.__dataclass_fields__)
     model = ModelConfig(**{k: v for k, v in m["model"].items() if k in known})
     world = m["world"]
-    med = {n: statistics.median(x.samples) for n, x in metrics.items()}
+    med = {n: statistics.median(x) for n, x in samples.items()}
     run = m["run"]
     return {"path": str(path), "model": model, "layout": Layout(world["tp"], world.get("cp", 1), world.get("ep", 1)),
             "backend": m["backend"], "batch": run["batch"], "prompt_len": run["prompt_len"],
@@ -91,9 +99,9 @@ def routed_histogram(path: Path) -> np.ndarray | None:
     and CP ranks route distinct ones (summed). A property of the weights and the prompt, not
     the layout: a TP run tells what an EP run of the same model and prompt will route."""
     try:
-        doc = json.loads((path / "timings.json").read_text())
-        tp = json.loads((path / "manifest.json").read_text())["world"]["tp"]
-    except (OSError, KeyError, json.JSONDecodeError) as e:
+        doc = read_timings(path)
+        tp = (read_manifest(path) or {})["world"]["tp"]
+    except (BundleError, KeyError, TypeError) as e:
         raise PlanError(f"{path}: not a profile bundle with timings ({e})") from None
     rows = [r["routed_tokens"]["prefill"] for r in doc.get("ranks", []) if r.get("routed_tokens", {}).get("prefill")]
     return np.sum(np.array(rows, float), axis=0) / tp if rows else None

@@ -44,8 +44,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from reference_impl.config import ModelConfig
-from reference_impl.cp_variant import choose_variant  # the rule the reference implementation uses
+from commprobe.reference_impl.config import ModelConfig
+from commprobe.reference_impl.cp_variant import choose_variant  # the rule the reference implementation uses
 
 from .hardware import Hardware, Link, PlanError
 

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from commprobe.common.errors import InputError
+
 HERE = Path(__file__).with_name("hardware")
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """Bad planner input: one line, exit 2."""
 
 

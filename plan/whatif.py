@@ -14,7 +14,7 @@ import itertools
 import re
 from dataclasses import replace
 
-from reference_impl.cp_variant import VARIANTS
+from commprobe.reference_impl.cp_variant import VARIANTS
 
 from .costmodel import ALLREDUCE_ALGORITHMS, Layout, Options, Prediction, Workload, predict
 from .hardware import Hardware, PlanError

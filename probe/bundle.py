@@ -1,62 +1,31 @@
-"""The run bundle: what `commprobe profile` leaves on disk for the analyzers.
+"""Writing the run bundle: the facts of this run (torch, device, layout) in a manifest.
 
-    OUT/manifest.json       versions, host, device, world layout, model, backend, sizes, status
-    OUT/rank{r}.trace.json.gz   one Kineto trace per rank (phase and collective spans)
-    OUT/timings.json        un-profiled TTFT/TTIT (and profiled, for the overhead ratio)
-    OUT/telemetry.jsonl     host (and GPU) samples on the traces' clock
-
-With several backends, OUT holds one sub-bundle per backend (OUT/gloo/, OUT/dda/), each a
-complete bundle, plus the shared telemetry and a top manifest listing them. Every write is
-atomic (temporary file, then rename) so a crash never leaves half a JSON file.
+The layout, the atomic writer and every reader live in common/bundle.py; this module adds
+what only a process with torch can know.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import socket
 import sys
-from datetime import datetime, timezone
-from pathlib import Path
 
-SCHEMA = "commprobe.bundle/1"
-CLOCK = ("trace event time in Unix ns = ts_us * 1000 + baseTimeNanoseconds; "
-         "telemetry t_ns = Unix ns (time.time_ns)")
+from commprobe.common.bundle import CLOCK, MANIFEST, SCHEMA, TELEMETRY, TIMINGS, now_iso, trace_name, write_json
+from commprobe.common.host import cpu_model, host_name, usable_cores
 
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+__all__ = ["MANIFEST", "SCHEMA", "TIMINGS", "device_facts", "manifest", "now_iso", "write_json"]
 
 
 def device_facts() -> dict:
     import torch
 
-    from collectives.dda import usable_cores
-
     facts = {"kind": "cpu", "cpu_count": os.cpu_count(), "usable_cores": usable_cores(), "machine": platform.machine(),
-             "processor": _cpu_model()}
+             "processor": cpu_model()}
     if torch.cuda.is_available():
         facts.update(kind="rocm" if torch.version.hip else "cuda", name=torch.cuda.get_device_name(0),
                      count=torch.cuda.device_count(),
                      runtime=torch.version.hip or torch.version.cuda, driver=_nvidia_driver())
     return facts
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _nvidia_driver() -> str | None:
@@ -88,7 +57,7 @@ def manifest(cfg, model_cfg: dict, backend: str | list[str], world: int) -> dict
         "commprobe_version": __version__,
         "torch_version": torch.__version__,
         "python": sys.version.split()[0],
-        "host": socket.gethostname(),
+        "host": host_name(),
         "platform": platform.platform(),
         "device": device_facts(),
         "world": {"size": world, "tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "layout": world_layout(cfg),
@@ -103,7 +72,7 @@ def manifest(cfg, model_cfg: dict, backend: str | list[str], world: int) -> dict
         "finished_at": None,
         "status": "running",
         "error": None,
-        "traces": [f"rank{r}.trace.json.gz" for r in range(world)],
-        "timings": "timings.json",
-        "telemetry": "telemetry.jsonl",
+        "traces": [trace_name(r) for r in range(world)],
+        "timings": TIMINGS,
+        "telemetry": TELEMETRY,
     }

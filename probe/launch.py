@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from commprobe.collectives.backends import process_group_backend
+
 _launches = count()
 
 
@@ -42,10 +44,6 @@ class LaunchError(RuntimeError):
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
-
-
-def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def _init_rank(backend: str, timeout: float, init_method: str, rank: int, world: int) -> None:
@@ -63,7 +61,7 @@ def run_this_rank(fn: Callable[..., Any], args: tuple = (), *, backend: str | No
     With `gather`, every rank gets the list of all ranks' results (rank order).
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    _init_rank(backend or default_backend(), timeout, "env://", rank, world)
+    _init_rank(backend or process_group_backend(), timeout, "env://", rank, world)
     try:
         result = fn(*args)
         if not gather:
@@ -179,7 +177,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     `on_start` gets {rank: pid} once all ranks are started (telemetry samples them);
     `capture_output` sends each rank's stdout/stderr to `rank{r}.log` in the work directory.
     """
-    backend = backend or default_backend()
+    backend = backend or process_group_backend()
     own_dir = workdir is None
     out = Path(tempfile.mkdtemp(prefix="commprobe-launch-")) if own_dir else Path(workdir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +231,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
 
 def _remove_shared_memory(tag: str) -> None:
     """Ranks unlink their segments once mapped; this catches one that died before it could."""
-    from collectives.dda import SHM_PREFIX, shm_dir
+    from commprobe.collectives.dda import SHM_PREFIX, shm_dir
 
     for f in shm_dir().glob(f"{SHM_PREFIX}-{tag}-*"):
         f.unlink(missing_ok=True)

@@ -53,14 +53,14 @@ def _start_manifests(cfg: RunConfig, model_cfg: dict) -> dict[Path, dict]:
         d.mkdir(parents=True, exist_ok=True)
         m = bundle.manifest(cfg, model_cfg, b, cfg.world_size)
         if d != root:
-            m["telemetry"] = "../telemetry.jsonl"
+            m["telemetry"] = f"../{bundle.TELEMETRY}"
         manifests[d] = m
     if len(cfg.backends) > 1:
         top = bundle.manifest(cfg, model_cfg, cfg.backends, cfg.world_size)
         top.update(traces=[], timings=None, sub_bundles={b: b for b in cfg.backends})
         manifests[root] = top
     for d, m in manifests.items():
-        bundle.write_json(d / "manifest.json", m)
+        bundle.write_json(d / bundle.MANIFEST, m)
     return manifests
 
 
@@ -72,12 +72,12 @@ def _finish_manifests(manifests: dict[Path, dict], status: str, error: str | Non
         if sampler is not None:
             m.update(telemetry_samples=sampler.samples, telemetry_errors=sampler.errors,
                      telemetry_sources=[s.name for s in sampler.sources])
-        bundle.write_json(d / "manifest.json", m)
+        bundle.write_json(d / bundle.MANIFEST, m)
 
 
 def _write_timings(cfg: RunConfig, results: list[RankResult]) -> None:
     for b in cfg.backends:
-        bundle.write_json(cfg.bundle_dir(b) / "timings.json", _timings_doc(results, b))
+        bundle.write_json(cfg.bundle_dir(b) / bundle.TIMINGS, _timings_doc(results, b))
 
 
 def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_interval: float = 0.05,
@@ -87,7 +87,7 @@ def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_i
     manifests = _start_manifests(cfg, model_cfg)
     pids: dict[int, int] = {}
     status, error = "failed", None
-    sampler = TelemetrySampler(root / "telemetry.jsonl", telemetry_interval, pids=lambda: dict(pids))
+    sampler = TelemetrySampler(root / bundle.TELEMETRY, telemetry_interval, pids=lambda: dict(pids))
     on_status(sampler.status_line)
     try:
         with sampler:
@@ -111,14 +111,15 @@ def run_profile_torchrun(cfg: RunConfig, model_cfg: dict, *, pg_backend: str,
     """Under torchrun (many hosts): this process is one rank. Each host's local rank 0 samples its
     host into telemetry-HOST.jsonl; global rank 0 writes the manifests and timings of the run."""
     import os
-    import socket
+
+    from commprobe.common.host import host_name
 
     from .launch import run_this_rank
     from .telemetry import rank_pids_from_env
 
     rank, local = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     root = Path(cfg.out_dir)
-    name = f"telemetry-{socket.gethostname()}.jsonl"
+    name = f"telemetry-{host_name()}.jsonl"
     manifests = _start_manifests(cfg, model_cfg) if rank == 0 else {}
     for d, m in manifests.items():  # one telemetry file per host
         m["telemetry"] = name if d == root else f"../{name}"

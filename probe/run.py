@@ -20,33 +20,94 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.autograd.profiler as _prof
 
+from commprobe.collectives.spans import span
+from commprobe.common.bundle import trace_name
+
+from .faults import inject
 from .launch import report_progress
+
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
 class RunConfig:
+    """One `commprobe profile` run. Checked when built (`__post_init__`, `model_config`), so
+    the CLI, the tests and the benchmark scripts get the same one-line ValueError for bad input."""
+
     preset: str = "small"
+    """Model preset (reference_impl/config.py): tiny, small, moe-tiny, moe-small, llama3-*."""
     tp: int = 2
+    """Tensor-parallel degree: ranks per TP group."""
     cp: int = 1
+    """Context-parallel degree: the prompt sharded over a ring of this many ranks."""
     ep: int = 1
+    """Expert-parallel degree (MoE presets only)."""
     cp_variant: str = "auto"
+    """Ring attention: auto, pass-kv or pass-q (reference_impl/cp_variant.py)."""
     batch: int = 1
+    """Sequences per batch."""
     prompt_len: int = 128
+    """Prompt tokens prefilled per sequence."""
     decode_steps: int = 32
+    """Decode steps per repetition (`--steps`)."""
     repeats: int = 3
+    """Un-profiled repetitions of prefill + decode, after one warm-up."""
     seed: int = 0
+    """Seed of the random weights and the prompt: every rank builds the same model."""
     checkpoint: str | None = None
+    """An HF-format directory (config.json + safetensors) instead of a preset's random weights."""
     backends: list[str] = field(default_factory=lambda: ["gloo"])
+    """Collective backends, in the order their repetitions interleave; 'auto' and a
+    comma-separated string are resolved here (collectives.backends.resolve_backends)."""
     timeout: float = 300.0
-    out_dir: str | None = None  # bundle root; traces are written only when set
+    """Seconds before a rank that has not finished is called hung."""
+    out_dir: str | None = None
+    """Bundle root; traces are written only when set."""
     profile: bool = True
-    device: str = "auto"  # auto (a GPU per rank when CUDA/ROCm is present), cpu, cuda
+    """Record one profiled repetition after the timed ones."""
+    device: str = "auto"
+    """Where the model runs: auto (a GPU per rank when CUDA/ROCm is present), cpu, cuda."""
+
+    def __post_init__(self) -> None:
+        for flag, v in (("--steps", self.decode_steps), ("--prompt-len", self.prompt_len), ("--batch", self.batch),
+                        ("--repeats", self.repeats)):
+            if v < 1:
+                raise ValueError(f"{flag} must be >= 1, got {v}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda, but torch sees no CUDA/ROCm device (a CPU build of torch, or no driver)")
+        if self.timeout <= 0:
+            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+        from commprobe.collectives.backends import resolve_backends
+
+        self.backends = resolve_backends(self.backends)
+
+    def model_config(self):
+        """The model's shapes (preset or checkpoint), checked against the layout and the lengths."""
+        from commprobe.reference_impl.config import get_preset
+        from commprobe.reference_impl.cp import check_cp
+        from commprobe.reference_impl.ep import check_ep
+        from commprobe.reference_impl.tp import check_tp
+
+        if self.checkpoint:
+            from commprobe.reference_impl.checkpoint import config_from_hf
+
+            mcfg = config_from_hf(Path(self.checkpoint))
+        else:
+            mcfg = get_preset(self.preset)
+        check_tp(mcfg, self.tp)
+        check_cp(self.cp, self.cp_variant)
+        check_ep(mcfg, self.ep)
+        if self.prompt_len + self.decode_steps > mcfg.max_seq_len:
+            raise ValueError(f"--prompt-len + --steps = {self.prompt_len + self.decode_steps} exceeds the model's "
+                             f"max_seq_len {mcfg.max_seq_len}")
+        return mcfg
 
     @property
     def mesh(self):
-        from collectives.mesh import Mesh
+        from commprobe.collectives.mesh import Mesh
 
         return Mesh(tp=self.tp, cp=self.cp, ep=self.ep)
 
@@ -193,9 +254,9 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def load_model(cfg: RunConfig, device: str = "cpu"):
-    from reference_impl.checkpoint import load_hf
-    from reference_impl.config import get_preset
-    from reference_impl.model import build_model
+    from commprobe.reference_impl.checkpoint import load_hf
+    from commprobe.reference_impl.config import get_preset
+    from commprobe.reference_impl.model import build_model
 
     if cfg.checkpoint:
         return load_hf(cfg.checkpoint).to(device)
@@ -221,23 +282,6 @@ def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=g)
 
 
-class _Phase:
-    """`commprobe/prefill`, `commprobe/decode[i]` spans, opened only while a profiler runs."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.rf = None
-
-    def __enter__(self):
-        if _prof._is_profiler_enabled:
-            self.rf = torch.profiler.record_function(self.name)
-            self.rf.__enter__()
-
-    def __exit__(self, *exc):
-        if self.rf is not None:
-            self.rf.__exit__(*exc)
-
-
 def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg: RunConfig,
                    into: RankTimings | None):
     """One prefill + decode. On a GPU the clock reads wait for the device (synchronize), so
@@ -254,7 +298,7 @@ def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg
     def taken() -> dict[str, float]:
         return {a: c.seconds for a, c in comms.items()}
 
-    from reference_impl.moe import MoE
+    from commprobe.reference_impl.moe import MoE
 
     inner = getattr(model, "model", model)  # CP wraps the Transformer
     moes = [m for m in inner.modules() if isinstance(m, MoE)] if into is not None and not into.routed_tokens else []
@@ -272,7 +316,7 @@ def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg
     routed(True)
     sync()
     t0 = time.perf_counter()
-    with _Phase("commprobe/prefill"):
+    with span("commprobe/prefill"):  # phase markers: `commprobe/prefill`, `commprobe/decode[i]`
         tok = model.prefill(prompt)[:, -1].argmax(-1)
     sync()
     ttft, pre = time.perf_counter() - t0, taken()
@@ -281,7 +325,7 @@ def _generate_once(model, comms: dict[str, TimedComm], prompt: torch.Tensor, cfg
     for i in range(cfg.decode_steps):
         reset()
         ts = time.perf_counter()
-        with _Phase(f"commprobe/decode[{i}]"):
+        with span(f"commprobe/decode[{i}]"):
             tok = model.decode_step(tok, cfg.prompt_len + i)[:, -1].argmax(-1)
         sync()
         steps.append(time.perf_counter() - ts)
@@ -328,18 +372,16 @@ def run_rank(cfg: RunConfig) -> RankResult:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from collectives.mesh import build_comms
-    from reference_impl.parallel import bind_comms, parallelize
-    from reference_impl.tp import local_param_bytes
+    from commprobe.collectives.mesh import build_comms
+    from commprobe.reference_impl.parallel import bind_comms, parallelize
+    from commprobe.reference_impl.tp import local_param_bytes
 
-    fault = os.environ.get("COMMPROBE_TEST_FAULT", "")  # test-only: "raise:R", "hang:R", "die:R", "trace:R"
     rank = dist.get_rank()
     device = rank_device(cfg, rank)
     report_progress("building model")
     comms: dict[str, dict[str, TimedComm]] = {}
     for b in cfg.backends:
-        opts = {"timeout": cfg.timeout} if b == "dda" else {}
-        comms[b] = {a: TimedComm(c) for a, c in build_comms(cfg.mesh, b, **opts).items()}
+        comms[b] = {a: TimedComm(c) for a, c in build_comms(cfg.mesh, b, timeout=cfg.timeout).items()}
     model = parallelize(load_model(cfg, device), comms[cfg.backends[0]], cfg.cp_variant)
     prompt = make_prompt(model.cfg.vocab_size, cfg.batch, cfg.prompt_len, cfg.seed).to(device)
     timings = {b: RankTimings(rank, b, cfg.batch) for b in cfg.backends}
@@ -350,7 +392,7 @@ def run_rank(cfg: RunConfig) -> RankResult:
         for rep in range(cfg.repeats + 1):  # repetition 0 is the warm-up
             for b in cfg.backends:
                 bind_comms(model, comms[b])
-                _inject(fault, rank, "hang", "raise", "die")
+                inject(rank, "hang", "raise", "die")
                 report_progress(f"repeat {rep} {b}")
                 tokens = _generate_once(model, comms[b], prompt, cfg, timings[b] if rep else None)
         if cfg.out_dir and cfg.profile:
@@ -362,10 +404,10 @@ def run_rank(cfg: RunConfig) -> RankResult:
                 report_progress(f"profiling {b}")
                 d = cfg.bundle_dir(b)
                 d.mkdir(parents=True, exist_ok=True)
-                path = d / f"rank{rank}.trace.json.gz"
+                path = d / trace_name(rank)
 
                 def on_ready(p, path=path):
-                    _inject(fault, rank, "trace")
+                    inject(rank, "trace")
                     report_progress("writing trace")
                     write_trace(p, path)
 
@@ -388,17 +430,3 @@ def run_rank(cfg: RunConfig) -> RankResult:
                 c.inner.close()
     weights = local_param_bytes(getattr(model, "model", model))
     return RankResult(rank, timings, profiled, tokens, weights, traces)
-
-
-def _inject(fault: str, rank: int, *kinds: str) -> None:
-    if not fault:
-        return
-    kind, _, who = fault.partition(":")
-    if kind not in kinds or (who and int(who) != rank):
-        return
-    if kind in ("raise", "trace"):
-        raise RuntimeError(f"injected fault on rank {rank}")
-    if kind == "hang":
-        time.sleep(3600)
-    if kind == "die":
-        os._exit(9)

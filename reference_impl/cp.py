@@ -39,14 +39,13 @@ partials (output and LSE together, one message) are all-gathered and merged.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
-import torch.autograd.profiler as _prof
 from torch import Tensor
 
-from collectives.comm import Comm
+from commprobe.collectives.comm import Comm
+from commprobe.collectives.spans import span
 
 from .cp_variant import VARIANTS, choose_variant
 from .model import NO_POS, Attention, Transformer, repeat_kv
@@ -93,11 +92,6 @@ def _pack(o: Tensor, lse: Tensor) -> Tensor:
 
 def _merge_packed(p: Tensor) -> Tensor:
     return merge_partials(p[..., :-1], p[..., -1].float()).to(p.dtype)
-
-
-def _step_span(name: str):
-    """`commprobe/cp/...` markers for ring steps, only while a profiler runs (analyzers treat them as markers)."""
-    return torch.profiler.record_function(name) if _prof._is_profiler_enabled else contextlib.nullcontext()
 
 
 @dataclass
@@ -210,7 +204,7 @@ class ContextParallel:
         for j in range(n):
             src = (r - j) % n  # whose K/V is in hand at step j
             pending = self.comm.send_recv_start(kv, (r + 1) % n, (r - 1) % n) if j < n - 1 else None
-            with _step_span(f"commprobe/cp/pass-kv/step={j}"):
+            with span(f"commprobe/cp/pass-kv/step={j}"):
                 o, lse = attention_lse(q, repeat_kv(kv[0], rep), repeat_kv(kv[1], rep), q_pos, self.table[src, :width])
             outs.append(o)
             lses.append(lse)
@@ -227,7 +221,7 @@ class ContextParallel:
         for j in range(n):
             owner = (r - j) % n  # whose queries are in hand at step j
             pending = self.comm.send_recv_start(qv, (r + 1) % n, (r - 1) % n) if j < n - 1 else None
-            with _step_span(f"commprobe/cp/pass-q/step={j}"):
+            with span(f"commprobe/cp/pass-q/step={j}"):
                 o, lse = attention_lse(qv, k, v, q_pos[owner], k_pos)
             parts[owner] = _pack(o, lse)
             if pending is not None:

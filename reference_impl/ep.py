@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from collectives.comm import Comm
+from commprobe.collectives.comm import Comm
 
 from .config import ModelConfig
 from .model import Transformer

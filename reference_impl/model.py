@@ -25,12 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-
-Reduce = Callable[[Tensor], Tensor]
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
+from .mlp import FeedForward, Reduce, identity
+from .moe import MoE
 
 
 class RMSNorm(nn.Module):
@@ -121,7 +117,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.kv_cache: KVCache | None = None
-        self.reduce: Reduce = _identity
+        self.reduce: Reduce = identity
         self.core: Callable[..., Tensor] = local_attention
 
     def forward(self, x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -135,28 +131,11 @@ class Attention(nn.Module):
         return self.reduce(self.wo(y))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)  # gate
-        self.w3 = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)  # up
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)  # down
-        self.reduce: Reduce = _identity
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.reduce(self.w2(F.silu(self.w1(x)) * self.w3(x)))
-
-
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attention = Attention(cfg)
-        if cfg.n_experts:
-            from .moe import MoE
-
-            self.feed_forward: nn.Module = MoE(cfg)
-        else:
-            self.feed_forward = FeedForward(cfg)
+        self.feed_forward: nn.Module = MoE(cfg) if cfg.n_experts else FeedForward(cfg)
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 

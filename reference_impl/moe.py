@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .model import FeedForward, _identity
+from .mlp import FeedForward, Reduce, identity
 
 
 def local_dispatch(moe: MoE, t: Tensor) -> Tensor:
@@ -40,7 +40,7 @@ class MoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, d, i))  # down
         self.shared = FeedForward(cfg.with_(intermediate_size=i))
         self.first_expert = 0  # this process holds experts first_expert .. first_expert + w1.shape[0] - 1
-        self.reduce: Callable[[Tensor], Tensor] = _identity
+        self.reduce: Reduce = identity
         self.dispatch: Callable[[MoE, Tensor], Tensor] = local_dispatch
         # Tokens this process routed to each expert, when a profiler asks (set to zeros to count):
         # the routing skew that decides the busiest EP rank's work, a property of weights and prompt.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collectives.comm import Comm
+from commprobe.collectives.comm import Comm
 
 from .cp import ContextParallel
 from .ep import apply_ep

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from collectives.comm import Comm
+from commprobe.collectives.comm import Comm
 
 from .config import ModelConfig
 from .model import Transformer

@@ -1,4 +1,4 @@
-"""Render a gate result (analyzers.gate.GateResult.to_dict()) as Markdown, JUnit XML or a rich table.
+"""Render a gate result (commprobe.gate.GateResult.to_dict()) as Markdown, JUnit XML or a rich table.
 
 Markdown is for a CI step summary (GitHub's $GITHUB_STEP_SUMMARY), JUnit for CI test
 reports (one test case per metric: a regression is a failure, unusable input an error).

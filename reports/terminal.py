@@ -73,3 +73,85 @@ def render_compare(result: dict, console: Console) -> None:
 
 def _r(x) -> str:
     return f"{x:.2f}x" if x is not None else "-"
+
+
+# ---- tables of `commprobe profile` and `commprobe bench` ----
+
+def render_profile(results: list, backends: list[str], axes: list[str], console: Console) -> None:
+    """Per backend, TTFT/TTIT/tokens/s per rank and the share blocked in each axis's collectives
+    (probe.run.RankResult rows: their timings are what the ranks measured)."""
+    for b in backends:
+        table = Table(title=f"Latency per rank and phase, backend {b} (un-profiled; comm % = blocked in that axis's collectives)")
+        cols = ["rank", "TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s"]
+        cols += [f"prefill {a} %" for a in axes] + [f"decode {a} %" for a in axes] + ["weights MB"]
+        for col in cols:
+            table.add_column(col, justify="right")
+        for res in results:
+            r = res.timings[b]
+            table.add_row(str(r.rank), f"{r.ttft_median_ms:.1f}", f"{r.ttit_median_ms:.2f}", f"{r.ttit_p90_ms:.2f}",
+                          f"{r.tokens_per_s:.1f}", *[f"{100 * r.comm_share('prefill', a):.1f}" for a in axes],
+                          *[f"{100 * r.comm_share('decode', a):.1f}" for a in axes],
+                          f"{res.local_param_bytes / 1e6:.0f}")
+        console.print(table)
+
+
+def render_next_steps(out: str, verdicts: dict[str, dict | str], console: Console) -> None:
+    """The run's verdict (per backend and phase, from each sub-bundle's analysis `phases`) and
+    the commands that dig further, the way git says what to do next. A backend maps to its
+    phases, or to why there is no analysis."""
+    console.print(f"bundle: {out}", highlight=False, markup=False, soft_wrap=True)
+    console.print("verdict:", highlight=False, markup=False)
+    for b, phases in verdicts.items():
+        if isinstance(phases, str):
+            console.print(f"  {b}: no analysis ({phases})", highlight=False, markup=False)
+            continue
+        for ph, p in phases.items():
+            console.print(f"  {b:<5} {ph:<8} {p['verdict']:<20} exposed communication {p['exposed_comm_share']:.0%}; "
+                          f"largest: {p['dominant']} {p['dominant_share']:.0%}", highlight=False, markup=False)
+    subs = list(verdicts)
+    one = out if len(subs) == 1 else f"{out}/{subs[0]}"
+    steps = [(f"commprobe analyze {one}", "where the time goes per rank; collectives matched across ranks"),
+             (f"commprobe report {out} -o report.html", "one HTML page: breakdown, timelines, telemetry")]
+    if len(subs) > 1:
+        steps.append((f"commprobe compare {out}/{subs[0]} {out}/{subs[1]}", f"{subs[1]} against {subs[0]}, B/A"))
+    else:
+        steps.append(("commprobe profile --backend gloo,dda --out runs/ab", "then compare runs/ab/gloo runs/ab/dda"))
+    console.print("next:", highlight=False, markup=False)
+    width = max(len(c) for c, _ in steps)
+    for cmd, why in steps:
+        console.print(f"  {cmd:<{width}}  # {why}", highlight=False, markup=False, soft_wrap=True)  # copyable
+
+
+def render_sweep(res: dict, ops: list[str], world: int, dtype: str, batches: int, console: Console) -> None:
+    from commprobe.common.units import human_size
+
+    table = Table(title=f"{', '.join(ops)} sweep, world {world}, {dtype} (median of {batches} batches)")
+    for col in ("op", "size", "count", "backend", "time_us", "algbw GB/s", "busbw GB/s", "vs dda"):
+        table.add_column(col, justify="right", no_wrap=True)
+    dda = {(r["op"], r["bytes"]): r["time_us"] for r in res["rows"] if r["backend"] == "dda"}
+    for r in res["rows"]:
+        ref = dda.get((r["op"], r["bytes"]))
+        ratio = f"{r['time_us'] / ref:.2f}x" if ref and r["backend"] != "dda" else ""
+        table.add_row(r["op"], human_size(r["bytes"]), str(r["count"]), r["backend"], f"{r['time_us']:.1f}",
+                      f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", ratio)
+    console.print(table)
+    console.print(f"single-thread copy bandwidth: {res['copy_GBps']:.1f} GB/s (bytes copied per second); "
+                  "'vs dda' = backend time / DDA time", highlight=False)
+
+
+def render_time_sharing(rows: list[dict], world: int, cores: int, backend: str, size: str, rounds: int,
+                        console: Console) -> None:
+    import statistics
+
+    from commprobe.common.units import human_size
+
+    table = Table(title=f"time-sharing: {world} ranks on {cores} cores, {backend} allreduce of {size} after each "
+                  f"piece of work (medians of {rounds} alternated rounds)")
+    for col in ("work", f"{cores} ranks µs/call", f"{world} ranks µs/call", "interval µs", "extra µs/call"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(human_size(r["work_bytes"]), f"{statistics.median(r['base_us']):.0f}",
+                      f"{statistics.median(r['shared_us']):.0f}", f"{r['interval_us']:.0f}", f"{r['extra_us']:.0f}")
+    console.print(table)
+    console.print("extra = (all ranks - ranks/cores x one per core) / (ranks/cores - 1); "
+                  "`commprobe plan calibrate` reads the --json rows", highlight=False)

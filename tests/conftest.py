@@ -19,5 +19,5 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
     """Run the real console entry point in a subprocess (exit codes and stderr as a user sees them)."""
     import subprocess
 
-    return subprocess.run([sys.executable, "-m", "probe.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "commprobe.probe.cli", *args], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from analyzers.analysis import SCHEMA, analyze, compare
-from analyzers.classify import CATEGORIES, classify, classify_name
-from analyzers.trace import TraceError, load_trace
+from commprobe.analyzers.analysis import SCHEMA, analyze, compare
+from commprobe.analyzers.classify import CATEGORIES, classify, classify_name
+from commprobe.analyzers.trace import TraceError, load_trace
 from tests.conftest import ROOT, run_cli
 
 
@@ -131,7 +131,7 @@ def test_user_rules_classify_custom_kernels(tmp_path):
 
 
 def test_injected_delays_are_attributed_within_ten_percent(tmp_path):
-    from probe.launch import launch
+    from commprobe.probe.launch import launch
     from tests import workers
 
     delay, calls = 0.05, 8
@@ -294,7 +294,7 @@ def test_timeline_segments_cover_the_window_when_coarsened():
     """More intervals than a drawing keeps: the smallest gaps close, the window's ends stay."""
     import numpy as np
 
-    from analyzers.attribution import _coarsen
+    from commprobe.analyzers.attribution import _coarsen
 
     s = np.arange(0, 10_000, 10.0)
     e = s + 3 + np.arange(1000) % 7  # gaps of 1..7 µs

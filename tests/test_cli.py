@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from reference_impl.checkpoint import save_hf
-from reference_impl.config import get_preset
-from reference_impl.model import build_model
+from commprobe.reference_impl.checkpoint import save_hf
+from commprobe.reference_impl.config import get_preset
+from commprobe.reference_impl.model import build_model
 from tests.conftest import run_cli
 
 
@@ -51,3 +51,15 @@ def test_profile_with_two_backends_gives_the_same_tokens(tmp_path):
                 "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     assert "backend gloo" in r.stdout and "backend dda" in r.stdout
+    # a first run ends in the run's verdict and what to run next (the way git says what to do)
+    import json
+
+    lines = r.stdout.splitlines()
+    verdict = [ln.split() for ln in lines[lines.index("verdict:") + 1:lines.index("next:")]]
+    assert [(v[0], v[1]) for v in verdict] == [("gloo", "prefill"), ("gloo", "decode"), ("dda", "prefill"), ("dda", "decode")]
+    analysis = json.loads(run_cli("analyze", str(tmp_path / "run" / "dda"), "--json").stdout)
+    assert verdict[3][2] == analysis["phases"]["decode"]["verdict"]  # the same verdict `analyze` gives
+    after = "\n".join(lines[lines.index("next:"):])
+    run = str(tmp_path / "run")
+    assert f"commprobe analyze {run}/gloo" in after and f"commprobe report {run}" in after
+    assert f"commprobe compare {run}/gloo {run}/dda" in after

@@ -4,12 +4,12 @@ ranks equal the single-process model: prefill logits, greedy decode, warm-cache 
 import pytest
 import torch
 
-from collectives.mesh import Mesh
-from probe.launch import launch
-from reference_impl.config import get_preset
-from reference_impl.cp import balanced_shards, choose_variant
-from reference_impl.ep import check_ep
-from reference_impl.model import build_model, greedy_generate
+from commprobe.collectives.mesh import Mesh
+from commprobe.probe.launch import launch
+from commprobe.reference_impl.config import get_preset
+from commprobe.reference_impl.cp import balanced_shards, choose_variant
+from commprobe.reference_impl.ep import check_ep
+from commprobe.reference_impl.model import build_model, greedy_generate
 from tests.workers import mesh_generate
 
 DENSE = get_preset("tiny")  # 8 query heads over 4 KV heads

@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from collectives.dda import SHM_PREFIX, load_library, shm_dir
-from probe.launch import LaunchError, launch
+from commprobe.collectives.dda import SHM_PREFIX, load_library, shm_dir
+from commprobe.probe.launch import LaunchError, launch
 from tests import workers
 
 PATHS = [pytest.param(False, id="compiled"), pytest.param(True, id="torch-fallback")]
@@ -68,7 +68,7 @@ def test_shared_memory_gone_after_exit_and_after_a_kill():
 
 
 def test_fallback_says_why(monkeypatch, capfd):
-    from collectives import dda
+    from commprobe.collectives import dda
 
     monkeypatch.setattr(dda, "_LIB", None)
     monkeypatch.setattr(dda, "_LIB_REASON", "")
@@ -79,7 +79,7 @@ def test_fallback_says_why(monkeypatch, capfd):
 
 
 def test_gpu_dda_skips_with_a_reason_on_cpu():
-    from collectives.dda_symm import symm_mem_unavailable_reason
+    from commprobe.collectives.dda_symm import symm_mem_unavailable_reason
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the symmetric-memory path is checked by bench/gpu_check.py")
@@ -99,7 +99,7 @@ def test_spin_only_while_the_hosts_ranks_fit_the_cores(monkeypatch):
     """Spin-then-sleep is decided by all of the job's ranks on the host, not the group's size:
     a TP pair of a 4-rank job on 2 cores must sleep at once (spinning, it held the core the
     other pair needed: decode 13-16 % slower)."""
-    from collectives.dda import DEFAULT_SPIN_US, ranks_on_host, usable_cores
+    from commprobe.collectives.dda import DEFAULT_SPIN_US, ranks_on_host, usable_cores
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     assert ranks_on_host() == 3

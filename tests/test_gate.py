@@ -7,9 +7,11 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from analyzers.gate import Metric, Thresholds, judge, mann_whitney_greater, timing_metrics
-from probe.launch import launch
-from probe.run import RunConfig, run_rank
+from commprobe.gate import Metric, Thresholds, judge
+from commprobe.gate.metrics import timing_metrics
+from commprobe.gate.stats import mann_whitney_greater
+from commprobe.probe.launch import launch
+from commprobe.probe.run import RunConfig, run_rank
 from tests.conftest import run_cli
 
 # The thresholds .ci/run gates with on this noisy 2-core machine (measured: bench/RESULTS.md).
@@ -84,11 +86,11 @@ def test_same_code_passes_at_least_19_of_20_comparisons():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Three real bundles: a baseline, the same code again, and the same code with 1 ms slept
-    inside every DDA allreduce (the test hook COMMPROBE_TEST_DDA_DELAY_US): 4 allreduces per
+    inside every DDA allreduce (COMMPROBE_DDA_DELAY_US emulates a slower link): 4 allreduces per
     decode step of 0.5-1.1 ms, a slowdown well past this machine's run-to-run noise."""
     root = tmp_path_factory.mktemp("gate")
     out = {}
-    for name, env in (("base", {}), ("same", {}), ("slow", {"COMMPROBE_TEST_DDA_DELAY_US": "1000"})):
+    for name, env in (("base", {}), ("same", {}), ("slow", {"COMMPROBE_DDA_DELAY_US": "1000"})):
         r = run_cli("profile", *WORKLOAD, "--out", str(root / name), env=env)
         assert r.returncode == 0, r.stderr
         out[name] = root / name

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from reference_impl.checkpoint import CheckpointError, load_hf, save_hf
-from reference_impl.config import PRESETS, get_preset
-from reference_impl.model import build_model, greedy_generate
-from reference_impl.tp import check_tp
+from commprobe.reference_impl.checkpoint import CheckpointError, load_hf, save_hf
+from commprobe.reference_impl.config import PRESETS, get_preset
+from commprobe.reference_impl.model import build_model, greedy_generate
+from commprobe.reference_impl.tp import check_tp
 
 
 def test_decode_with_cache_equals_full_forward():

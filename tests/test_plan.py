@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from plan.costmodel import Layout, Options, Workload, all_to_all_us, allreduce_us, predict
-from plan.hardware import Link, PlanError, load_hardware
-from plan.whatif import alternatives, parse
-from reference_impl.config import get_preset
+from commprobe.plan.costmodel import Layout, Options, Workload, all_to_all_us, allreduce_us, predict
+from commprobe.plan.hardware import Link, PlanError, load_hardware
+from commprobe.plan.whatif import alternatives, parse
+from commprobe.reference_impl.config import get_preset
 from tests.conftest import ROOT, run_cli
 
 NVL = Link(alpha_us=2.0, bw_GBps=450.0)
@@ -113,7 +113,7 @@ def test_calibrate_on_tp2_then_predict_other_layouts(tmp_path):
     out = tmp_path / "me.toml"
     r = run_cli("plan", "calibrate", str(sweep), str(runs["tp2"]), "-o", str(out))
     assert r.returncode == 0, r.stderr
-    from plan.calibrate import options_of, read_run, workload_of
+    from commprobe.plan.calibrate import options_of, read_run, workload_of
 
     hw = load_hardware(out)
     assert hw.links["dda"].alpha_us < hw.links["ring"].alpha_us * 2 and hw.mem_bw_scope == "host"
@@ -129,7 +129,7 @@ def test_calibrate_on_tp2_then_predict_other_layouts(tmp_path):
 
 def test_expert_imbalance_from_routed_counts():
     """Busiest EP rank's rows over the mean, per layer, summed over layers; contiguous expert slices."""
-    from plan.calibrate import expert_imbalance
+    from commprobe.plan.calibrate import expert_imbalance
 
     hist = np.array([[30, 10, 10, 14], [16, 16, 16, 16]], float)  # layer 0: ranks get 40 and 24 at EP=2
     assert expert_imbalance(hist, 1) == 1.0
@@ -150,9 +150,9 @@ def test_time_sharing_fit_and_its_cost(tmp_path):
     devices, at the phase's interval between calls; the curve survives a profile round trip."""
     from dataclasses import replace
 
-    from plan.calibrate import fit_links, fit_time_sharing
-    from plan.costmodel import time_share
-    from plan.hardware import to_toml
+    from commprobe.plan.calibrate import fit_links, fit_time_sharing
+    from commprobe.plan.costmodel import time_share
+    from commprobe.plan.hardware import to_toml
 
     rows = [_ts_row(1 << 20, 200, 50), _ts_row(1 << 20, 220, 70), _ts_row(1 << 20, 210, 60),
             _ts_row(16 << 20, 2000, 600), _ts_row(1 << 20, 100, 900, backend="gloo")]
@@ -191,8 +191,8 @@ def test_straggler_wait_fit_and_its_cost():
     the work per phase (median over runs); the model charges it only where there are collectives."""
     from dataclasses import replace
 
-    from plan.calibrate import fit_stragglers, options_of, workload_of
-    from plan.costmodel import _phase
+    from commprobe.plan.calibrate import fit_stragglers, options_of, workload_of
+    from commprobe.plan.costmodel import _phase
 
     hw = replace(load_hardware("cpu-2core"), time_sharing=[], straggler_prefill=0.0, straggler_decode=0.0)
     model = get_preset("small")
@@ -213,7 +213,7 @@ def test_straggler_wait_fit_and_its_cost():
         a, b = predict(w, lay, fitted).decode, predict(w, lay, hw).decode
         added = 0.0 if lay.world == 1 else 0.08 * (b.compute_us + b.overhead_us)
         assert a.total_us - b.total_us == pytest.approx(added)
-    from plan.hardware import to_toml
+    from commprobe.plan.hardware import to_toml
 
     text = to_toml(fitted)
     assert "straggler_decode = 0.08" in text and "straggler" not in to_toml(hw)

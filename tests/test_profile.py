@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from collectives.dda import SHM_PREFIX, shm_dir
+from commprobe.collectives.dda import SHM_PREFIX, shm_dir
 from tests.conftest import ROOT, run_cli
 
 FAST = ["--preset", "tiny", "--steps", "4", "--repeats", "2", "--prompt-len", "16"]
@@ -74,7 +74,7 @@ def _failed(out):
 ])
 def test_failing_rank_is_named_and_recorded(tmp_path, fault, needle):
     out = tmp_path / "run"
-    r = run_cli("profile", *FAST, "--out", str(out), env={"COMMPROBE_TEST_FAULT": fault})
+    r = run_cli("profile", *FAST, "--out", str(out), env={"COMMPROBE_FAULT": fault})
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     m = _failed(out)
@@ -83,7 +83,7 @@ def test_failing_rank_is_named_and_recorded(tmp_path, fault, needle):
 
 def test_other_ranks_traces_are_kept_when_one_fails_at_the_end(tmp_path):
     out = tmp_path / "run"
-    r = run_cli("profile", *FAST, "--out", str(out), env={"COMMPROBE_TEST_FAULT": "trace:1"})
+    r = run_cli("profile", *FAST, "--out", str(out), env={"COMMPROBE_FAULT": "trace:1"})
     assert r.returncode == 1 and "rank 1 failed" in r.stderr
     assert (out / "rank0.trace.json.gz").exists() and not (out / "rank1.trace.json.gz").exists()
     m = _failed(out)
@@ -93,7 +93,7 @@ def test_other_ranks_traces_are_kept_when_one_fails_at_the_end(tmp_path):
 
 def test_hanging_rank_is_timed_out_and_named(tmp_path):
     out = tmp_path / "run"
-    r = run_cli("profile", *FAST, "--out", str(out), "--timeout", "25", env={"COMMPROBE_TEST_FAULT": "hang:1"})
+    r = run_cli("profile", *FAST, "--out", str(out), "--timeout", "25", env={"COMMPROBE_FAULT": "hang:1"})
     assert r.returncode == 1, r.stderr
     assert "rank 1 hung after 'building model' (timeout 25 s); rank 0 waiting at 'repeat 0 gloo'" in r.stderr
     assert _failed(out)["status"] == "failed"
@@ -128,7 +128,7 @@ def _live_in_group(pgid: int) -> list[int]:
 def test_ctrl_c_stops_every_rank_and_leaves_nothing_behind(tmp_path):
     out = tmp_path / "run"
     before = set(shm_dir().glob(f"{SHM_PREFIX}-*"))
-    p = subprocess.Popen([sys.executable, "-m", "probe.cli", "profile", "--preset", "tiny", "--steps", "100", "--prompt-len", "16",
+    p = subprocess.Popen([sys.executable, "-m", "commprobe.probe.cli", "profile", "--preset", "tiny", "--steps", "100", "--prompt-len", "16",
                           "--repeats", "50", "--backend", "dda", "--out", str(out)], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 60
@@ -150,7 +150,7 @@ def test_torchrun_runs_the_same_entry_point_and_writes_the_bundle(tmp_path):
     for attempt in range(2):
         out = tmp_path / f"run{attempt}"
         r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            "--no-python", sys.executable, "-m", "probe.cli", "profile", *FAST, "--backend", "gloo,dda",
+                            "--no-python", sys.executable, "-m", "commprobe.probe.cli", "profile", *FAST, "--backend", "gloo,dda",
                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
         # One retry for torchrun's own rendezvous on a busy shared machine (seen once in ~12 runs);
         # an error of ours ("commprobe: error") is never retried.
@@ -185,7 +185,7 @@ def test_profile_cp_and_ep_runs_print_phases_and_attribute_the_axis(tmp_path, ax
     decode = res["ranks"][0]["phases"]["decode"]
     assert decode["categories"][cat]["total_us"] > 0
     if axis == "ep":  # each EP rank counted the tokens it routed: together, every prompt token once per layer
-        from plan.calibrate import routed_histogram
+        from commprobe.plan.calibrate import routed_histogram
 
         hist = routed_histogram(out)
         prompt = int(args[args.index("--prompt-len") + 1])
@@ -201,7 +201,7 @@ def test_profile_rejects_bad_layouts(tmp_path):
 
 def test_relative_out_directory(tmp_path):
     """`--out runs/x` relative to the caller's directory (the ranks' rendezvous file must not depend on it)."""
-    r = subprocess.run([sys.executable, "-m", "probe.cli", "profile", *FAST, "--backend", "gloo", "--out", "rel/run",
+    r = subprocess.run([sys.executable, "-m", "commprobe.probe.cli", "profile", *FAST, "--backend", "gloo", "--out", "rel/run",
                         "--timeout", "120"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from analyzers.analysis import analyze
-from reports.html import render_html
+from commprobe.analyzers.analysis import analyze
+from commprobe.reports.html import render_html
 from tests.conftest import run_cli
 
 EVIL = "<script>alert(1)</script>"

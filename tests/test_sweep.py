@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from collectives.sweep import bus_factor, human_size, parse_size
+from commprobe.common.units import human_size, parse_size
+from commprobe.probe.bench.sweep import bus_factor
 from tests.conftest import run_cli
 
 
@@ -55,7 +56,7 @@ def test_time_sharing_benchmark_rows():
     rows carry what `plan calibrate` reads, consistent with their own per-round times."""
     import statistics
 
-    from collectives.dda import usable_cores
+    from commprobe.collectives.dda import usable_cores
 
     cores = usable_cores()
     r = run_cli("bench", "time-sharing", "--world", str(cores + 1), "--work", "64K", "--rounds", "3", "--json")

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from probe.launch import launch
-from reference_impl.config import get_preset
-from reference_impl.model import build_model, greedy_generate
+from commprobe.probe.launch import launch
+from commprobe.reference_impl.config import get_preset
+from commprobe.reference_impl.model import build_model, greedy_generate
 from tests.workers import tp_generate
 
 GQA = get_preset("tiny")  # 8 query heads over 4 KV heads

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from analyzers import native
-from analyzers.trace import TraceError, load_trace
+from commprobe.analyzers import native
+from commprobe.analyzers.trace import TraceError, load_trace
 from tests.conftest import ROOT
 
 SHARED = ROOT.parent / "shared" / "traces" / "hta"
@@ -103,7 +103,7 @@ def test_every_cut_between_chunks_scans_the_same(tmp_path, monkeypatch, chunk):
     top-level value); the columns must not depend on where, plain or gzip."""
     import gzip
 
-    from analyzers import trace
+    from commprobe.analyzers import trace
 
     events, doc = _awkward_doc()
     text = json.dumps(doc, ensure_ascii=False, indent=1)
@@ -126,7 +126,7 @@ def test_every_cut_between_chunks_scans_the_same(tmp_path, monkeypatch, chunk):
 def test_a_trace_too_large_to_decode_whole_is_streamed(tmp_path, monkeypatch):
     """Whole-trace decoding needs several times the trace in memory, the scanner a chunk plus
     columns: a trace over the first limit and under the second is analyzed, not refused."""
-    from analyzers import trace
+    from commprobe.analyzers import trace
 
     events, doc = _awkward_doc()
     doc["traceEvents"] = events * 200

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from collectives.comm import TorchComm
-from reference_impl.config import ModelConfig
-from reference_impl.model import build_model, greedy_generate
-from reference_impl.tp import apply_tp
+from commprobe.collectives.comm import TorchComm
+from commprobe.reference_impl.config import ModelConfig
+from commprobe.reference_impl.model import build_model, greedy_generate
+from commprobe.reference_impl.tp import apply_tp
 
 
 def tp_generate(cfgs: list[ModelConfig], prompt: torch.Tensor, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -36,7 +36,7 @@ def dda_allreduce_vs_gloo(sizes: list[int], dtypes: list[torch.dtype], pure: boo
     """Allreduce the same fresh random inputs through gloo and DDA; return (n, dtype, max |diff|, max |ref|)."""
     import torch.distributed as dist
 
-    from collectives.dda import DDAComm
+    from commprobe.collectives.dda import DDAComm
 
     rank = dist.get_rank()
     dda = DDAComm("tp", pure=pure, slot_bytes=slot_bytes)
@@ -61,7 +61,7 @@ def dda_back_to_back(calls: int, pure: bool, slot_bytes: int) -> int:
     """Back-to-back allreduces, no barrier, sizes and data changing every call; exact integer sums."""
     import torch.distributed as dist
 
-    from collectives.dda import DDAComm
+    from commprobe.collectives.dda import DDAComm
 
     rank, w = dist.get_rank(), dist.get_world_size()
     dda = DDAComm("tp", pure=pure, slot_bytes=slot_bytes, twoshot_min_bytes=16 << 10)
@@ -81,8 +81,8 @@ def dda_other_ops(pure: bool, slot_bytes: int) -> dict:
     """all_gather, all_to_all (uneven and zero splits) and ring send/recv equal gloo's."""
     import torch.distributed as dist
 
-    from collectives.comm import TorchComm
-    from collectives.dda import DDAComm
+    from commprobe.collectives.comm import TorchComm
+    from commprobe.collectives.dda import DDAComm
 
     rank, w = dist.get_rank(), dist.get_world_size()
     dda, ref = DDAComm("ep", pure=pure, slot_bytes=slot_bytes), TorchComm("ep")
@@ -125,7 +125,7 @@ def dda_then_die(die_rank: int) -> None:
 
     import torch.distributed as dist
 
-    from collectives.dda import SHM_PREFIX, DDAComm, shm_dir
+    from commprobe.collectives.dda import SHM_PREFIX, DDAComm, shm_dir
 
     dda = DDAComm("tp", timeout=30)
     for i in range(5):
@@ -141,8 +141,8 @@ def spans_under_profiler() -> list[str]:
     """Names of the commprobe spans recorded while a profiler runs around DDA and gloo calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    from collectives.comm import TorchComm
-    from collectives.dda import DDAComm
+    from commprobe.collectives.comm import TorchComm
+    from commprobe.collectives.dda import DDAComm
 
     dda, gloo = DDAComm("tp"), TorchComm("ep")
     dda.all_reduce(torch.ones(8))  # outside the profiler: no span, no cost
@@ -164,7 +164,7 @@ def delayed_allreduce_traces(out_dir: str, delay_s: float, calls: int) -> None:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from collectives.spans import span_name
+    from commprobe.collectives.spans import span_name
 
     rank = dist.get_rank()
     a = torch.randn(256, 256)
@@ -190,8 +190,8 @@ def delayed_allreduce_traces(out_dir: str, delay_s: float, calls: int) -> None:
 def mesh_generate(mesh_kw: dict, runs: list[dict], prompt: torch.Tensor, steps: int, backend: str = "gloo") -> list[dict]:
     """For each run {cfg, variant, turn2}: shard over the mesh, prefill + greedy decode, then
     (turn2) a second prefill on a warm cache. Returns logits, tokens and the variant used."""
-    from collectives.mesh import Mesh, build_comms
-    from reference_impl.parallel import parallelize
+    from commprobe.collectives.mesh import Mesh, build_comms
+    from commprobe.reference_impl.parallel import parallelize
 
     mesh = Mesh(**mesh_kw)
     comms = build_comms(mesh, backend)
@@ -218,7 +218,7 @@ def dda_spin_choice() -> tuple[float, float]:
     """(spin of a 2-rank subgroup's DDA, spin of the whole job's) in this launch."""
     import torch.distributed as dist
 
-    from collectives.dda import DDAComm
+    from commprobe.collectives.dda import DDAComm
 
     rank = dist.get_rank()
     pair = [rank - rank % 2, rank - rank % 2 + 1]

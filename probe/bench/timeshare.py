@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .dda import DEFAULT_SPIN_US
+from commprobe.collectives.dda import DEFAULT_SPIN_US
+
 from .sweep import slowest
 
 WORK_CYCLE_BYTES = 128 << 20  # more than any L3 here: each call's work reads from memory
@@ -37,13 +38,34 @@ WORK_CYCLE_BYTES = 128 << 20  # more than any L3 here: each call's work reads fr
 
 @dataclass
 class TimeShareConfig:
+    """One `commprobe bench time-sharing` run; checked when built (one-line ValueError)."""
+
     work_bytes: list[int] = field(default_factory=lambda: [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20])
-    message_bytes: int = 4096  # a decode allreduce: batch x dim x 4 bytes
+    """Weight bytes each rank streams through a matrix-vector product before every call."""
+    message_bytes: int = 4096
+    """The allreduce after each piece of work (a decode allreduce: batch x dim x 4 bytes)."""
     backend: str = "dda"
-    cores: int = 2  # ranks that run alone in A: one per usable core
+    """dda or gloo."""
+    cores: int = 2
+    """Ranks that run alone in A: one per usable core."""
     rounds: int = 7
+    """Alternated rounds (A B A B ...); medians are reported."""
     target_batch_s: float = 0.1
+    """Calls per batch are chosen so that a batch takes about this long."""
     progress_file: str | None = None
+    """Rank 0 writes its progress here."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("dda", "gloo"):
+            raise ValueError(f"unknown backend {self.backend!r} (time-sharing knows dda, gloo)")
+        if not self.work_bytes or self.rounds < 1:
+            raise ValueError("need at least one --work size and --rounds >= 1")
+
+    def check_world(self, world: int) -> None:
+        """This benchmark measures ranks that time-share cores: more ranks than cores, at most 4 per core."""
+        if world <= self.cores or world > 4 * self.cores:
+            raise ValueError(f"--world must exceed the {self.cores} usable cores here (and be at most "
+                             f"{4 * self.cores}): this measures ranks that time-share cores")
 
 
 @dataclass
@@ -80,7 +102,7 @@ def work_fn(work_bytes: int) -> Callable[[], object]:
 
 def time_share_rank(cfg: TimeShareConfig) -> list[dict]:
     """Body of each rank; returns the rows (identical on every rank)."""
-    from .backends import make_comm
+    from commprobe.collectives.backends import make_comm
 
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -27,16 +27,40 @@ BENCH_BACKENDS = ("gloo", "dda", "deepspeed", "nccl")
 
 @dataclass
 class SweepConfig:
+    """One `commprobe bench collectives` sweep; checked when built (one-line ValueError)."""
+
     backends: list[str] = field(default_factory=lambda: ["gloo", "dda"])
+    """Backends compared, interleaved batch by batch: gloo, dda, deepspeed, nccl."""
     ops: list[str] = field(default_factory=lambda: ["allreduce"])
+    """allreduce, all_to_all."""
     min_bytes: int = 4 << 10
+    """Smallest message."""
     max_bytes: int = 64 << 20
+    """Largest message."""
     factor: int = 4
+    """Size multiplier between steps."""
     dtype: str = "float32"
+    """float32, bfloat16 or float16."""
     batches: int = 5
+    """Timed batches per size and backend (the median is reported)."""
     target_batch_s: float = 0.05
+    """Calls per batch are chosen so that a batch takes about this long."""
     max_iters: int = 2000
+    """At most this many calls per batch."""
     progress_file: str | None = None
+    """Rank 0 writes 'done total' here after each size (the CLI's progress bar)."""
+
+    def __post_init__(self) -> None:
+        from commprobe.collectives.backends import resolve_backends
+
+        self.backends = resolve_backends(self.backends, BENCH_BACKENDS)
+        for o in self.ops:
+            if o not in OPS:
+                raise ValueError(f"unknown op {o!r} (known: {', '.join(OPS)})")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r} (known: {', '.join(DTYPES)})")
+        if self.min_bytes > self.max_bytes or self.factor < 2 or self.batches < 1 or not self.ops:
+            raise ValueError("need --min <= --max, --factor >= 2, --batches >= 1 and an --op")
 
     def sizes(self) -> list[int]:
         out, s = [], self.min_bytes
@@ -107,7 +131,7 @@ class _DeepSpeedAllreduce:
 
 
 def _make(backend: str):
-    from .backends import make_comm
+    from commprobe.collectives.backends import make_comm
 
     if backend == "deepspeed":
         return _DeepSpeedAllreduce()
@@ -201,24 +225,3 @@ def sweep_rank(cfg: SweepConfig) -> dict:
             if rank == 0 and cfg.progress_file:
                 Path(cfg.progress_file).write_text(f"{done} {total}")
     return {"rows": [r.to_dict() for r in rows], "skipped": skipped, "copy_GBps": copy_bw}
-
-
-def parse_size(text: str) -> int:
-    """'4K' -> 4096, '64M' -> 67108864, '1G', plain bytes; binary units as nccl-tests uses."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    num = t[:-1] if t[-1:] in "KMG" else t
-    try:
-        value = int(float(num) * mult)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 4K, 64M)") from None
-    if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
-    return value
-
-
-def human_size(n: int) -> str:
-    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= m and n % m == 0:
-            return f"{n // m}{unit}"
-    return str(n)

@@ -1,4 +1,6 @@
-"""Run the collective sweep on spawned ranks and clean up after the peers it compares against.
+"""`commprobe bench`: the per-rank bodies of each benchmark (`sweep.py`: the nccl-tests-style
+collective sweep; `timeshare.py`: ranks beyond the cores) and their launchers here. Standalone
+benchmark scripts and their tables live in the repository's bench/ folder.
 
 DeepSpeed never unlinks its /dev/shm allreduce buffers (about 66 MiB each at world 2 to 4),
 so the sweep removes the ones that appeared during its run.
@@ -9,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from collectives.dda import shm_dir
-from collectives.sweep import SweepConfig, sweep_rank
+from commprobe.collectives.backends import process_group_backend
+from commprobe.common.host import shm_dir
 
-from .launch import launch
+from ..launch import launch
+from .sweep import SweepConfig, sweep_rank
 
 PEER_SHM_PATTERNS = ("deepspeed_allreduce_buffer_*",)
 
@@ -23,7 +26,7 @@ def _peer_files() -> set[Path]:
 
 def run_sweep(cfg: SweepConfig, world: int, *, timeout: float, workdir: Path,
               on_poll: Callable[[], None] | None = None) -> dict:
-    backend = "nccl" if "nccl" in cfg.backends else "gloo"
+    backend = process_group_backend(cfg.backends)
     before = _peer_files()
     try:
         return launch(sweep_rank, world, (cfg,), backend=backend, timeout=timeout, on_poll=on_poll,
@@ -35,8 +38,8 @@ def run_sweep(cfg: SweepConfig, world: int, *, timeout: float, workdir: Path,
 
 def run_time_sharing(cfg, world: int, *, timeout: float, workdir: Path,
                      on_poll: Callable[[], None] | None = None) -> list[dict]:
-    """`collectives.timeshare` on `world` spawned ranks (more than the cores)."""
-    from collectives.timeshare import time_share_rank
+    """`timeshare` on `world` spawned ranks (more than the cores)."""
+    from .timeshare import time_share_rank
 
     return launch(time_share_rank, world, (cfg,), backend="gloo", timeout=timeout, on_poll=on_poll,
                   workdir=workdir)[0]

@@ -1,0 +1,98 @@
+"""Verdicts and advice: per phase, is it communication-, compute- or host/launch-bound, which
+axis dominates, and what to do about it. Reads the per-rank breakdowns and the matched
+collectives the other analyzers computed; the words a user acts on live here and only here.
+"""
+
+from __future__ import annotations
+
+from .classify import CATEGORIES
+
+COMM_CATS = ("tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm")
+AXIS_OF = {"tp_allreduce": "tp", "cp_ring": "cp", "ep_all_to_all": "ep", "other_comm": "other"}
+LABEL = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention", "ep_all_to_all": "EP all-to-all",
+         "other_comm": "other communication", "compute": "compute", "memcpy": "memcpy", "other": "other"}
+IDLE_BOUND = 0.5  # a device idle more than this share of a phase is host/launch-bound
+PHASE_ORDER = ("prefill", "decode", "step", "trace")
+
+
+def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict]) -> dict:
+    out = {}
+    names = sorted({p for r in ranks for p in r["phases"]},
+                   key=lambda p: PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER))
+    for phase in names:
+        rows = [r for r in ranks if phase in r["phases"]]
+        shares = {c: 0.0 for c in CATEGORIES[:7]}
+        idle = 0.0
+        for r in rows:
+            p = r["phases"][phase]
+            e2e = p["e2e_us"] or 1.0
+            for c, v in p["categories"].items():
+                shares[c] += v["exposed_us"] / e2e / len(rows)
+            idle += p["idle_us"] / e2e / len(rows)
+        e2e_max = max(r["phases"][phase]["e2e_us"] for r in rows)
+        device = any(r["timeline"] == "device" for r in rows)
+        comm_share = sum(shares[c] for c in COMM_CATS)
+        top_comm = max(COMM_CATS, key=lambda c: shares[c])
+        if device and idle > IDLE_BOUND:
+            verdict, dominant, share = "host/launch-bound", "idle", idle
+            summary = (f"{phase} is host/launch-bound: the device is idle {idle:.0%} of the window "
+                       f"(exposed communication {comm_share:.0%})")
+        elif comm_share > threshold:
+            verdict, dominant, share = "communication-bound", top_comm, shares[top_comm]
+            summary = (f"{phase} is communication-bound: exposed communication is {comm_share:.0%} of end-to-end "
+                       f"latency (threshold {threshold:.0%}), {LABEL[top_comm]} {shares[top_comm]:.0%}")
+        else:
+            top = max(("compute", "memcpy", "other"), key=lambda c: shares[c])
+            verdict, dominant, share = "compute-bound", top, shares[top]
+            summary = (f"{phase} is compute-bound: exposed communication is {comm_share:.0%} of end-to-end latency "
+                       f"(threshold {threshold:.0%}); {LABEL[top]} {shares[top]:.0%}")
+        out[phase] = {
+            "ranks": len(rows),
+            "windows": max(r["phases"][phase]["windows"] for r in rows),
+            "e2e_us_max": e2e_max,
+            "e2e_us_per_window": e2e_max / max(1, rows[0]["phases"][phase]["windows"]),
+            "exposed_share": shares,
+            "exposed_comm_share": comm_share,
+            "idle_share": idle,
+            "verdict": verdict,
+            "dominant": dominant,
+            "axis": AXIS_OF.get(dominant),
+            "dominant_share": share,
+            "summary": summary,
+            "recommendations": recommend(phase, shares, idle, device, threshold, matched, buckets),
+        }
+    return out
+
+
+def recommend(phase, shares, idle, device, threshold, matched, buckets) -> list[str]:
+    recs = []
+    tp = shares["tp_allreduce"]
+    if tp > threshold / 2:
+        sizes = [b for b in buckets if b["category"] == "tp_allreduce"]
+        if sizes:
+            med = sorted(sizes, key=lambda b: -b["count"])[0]
+            if med["bucket_bytes"] <= 1 << 20:
+                recs.append(f"TP allreduce takes {tp:.0%} of {phase} with ≤{med['bucket_bytes'] // 1024} KiB messages "
+                            f"(median {med['median_us']:.0f} µs): small allreduces are latency-bound; a one-shot DDA "
+                            f"allreduce (commprobe --backend dda) replaces the ring's many hops with one read per peer")
+            else:
+                recs.append(f"TP allreduce takes {tp:.0%} of {phase} at {med['bucket_bytes'] >> 20} MiB messages: use a "
+                            f"two-shot allreduce or overlap it with the next layer's compute")
+    if shares["ep_all_to_all"] > threshold / 2:
+        recs.append(f"EP all-to-all is exposed for {shares['ep_all_to_all']:.0%} of {phase}: overlap dispatch/combine "
+                    f"with expert compute (micro-batch overlap, low-latency all-to-all kernels)")
+    if shares["cp_ring"] > threshold / 2:
+        recs.append(f"CP ring steps are exposed for {shares['cp_ring']:.0%} of {phase}: overlap the next block's "
+                    f"send/recv with attention on the current one, or switch pass-KV/pass-Q")
+    for r in matched.get("ranks", []):
+        comm = r["transfer_us"] + r["wait_us"]
+        if (comm > 0 and r["wait_us"] > r["transfer_us"] and matched.get("straggler") is not None
+                and r["rank"] != matched["straggler"]):
+            s = matched["straggler"]
+            recs.append(f"rank {r['rank']} spends {r['wait_us'] / comm:.0%} of its communication time waiting for rank "
+                        f"{s} (the straggler): fix rank {s}'s imbalance before tuning collectives")
+            break
+    if device and idle > IDLE_BOUND:
+        recs.append(f"the device is idle {idle:.0%} of {phase}: launch overhead dominates; capture the step in a "
+                    f"CUDA/HIP graph or fuse small kernels")
+    return recs

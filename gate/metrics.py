@@ -1,0 +1,115 @@
+"""The gate's metrics: repeated samples per metric, from a run bundle, an analysis or a baseline.
+
+Timings come from the bundle (common.bundle); per-call collective latency and per-window
+exposed share come from the analysis the analyzers give. The gate consumes these; it never
+reads a trace itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from commprobe.common.bundle import (
+    machine_facts,
+    per_sample,
+    read_json,
+    read_timings,
+    require_manifest,
+    run_context,
+    sub_bundles,
+    timing_samples,
+)
+from commprobe.common.errors import InputError
+
+SCHEMA = "commprobe.baseline/1"
+
+
+class GateInputError(InputError):
+    """Unusable gate input: exit 2."""
+
+
+@dataclass
+class Metric:
+    name: str
+    kind: str  # "time" (lower is better, compared as a ratio) or "share" (compared in percentage points)
+    unit: str
+    samples: list[float]
+
+
+def timing_metrics(timings: dict, prefix: str = "") -> dict[str, Metric]:
+    """TTFT and TTIT (slowest rank per sample) and the blocked-communication share per phase
+    and axis (mean over ranks), from a bundle's timings.json (common.bundle.timing_samples)."""
+    out = {}
+    for name, samples in timing_samples(timings).items():
+        kind, unit = ("time", "ms") if name.endswith("_ms") else ("share", "fraction")
+        out[prefix + name] = Metric(prefix + name, kind, unit, samples)
+    return out
+
+
+def collective_metrics(analysis: dict, prefix: str = "") -> dict[str, Metric]:
+    """Collective latency per (op, axis, size bucket), from the analyzer's per-call samples."""
+    out = {}
+    for b in analysis.get("message_sizes") or []:
+        samples = b.get("samples_us")
+        if not samples:
+            continue
+        name = f"{prefix}collective_us/{b['op']}/{b['axis']}/{b['bucket_bytes']}B"
+        out[name] = Metric(name, "time", "us", [float(x) for x in samples])
+    return out
+
+
+def exposure_metrics(analysis: dict, prefix: str = "") -> dict[str, Metric]:
+    """Exposed communication share per phase and axis from the traces, one sample per window
+    (mean over ranks): on a GPU this is the exposure that counts (kernels not overlapped by
+    compute), where the ranks' blocked host time does not see asynchronous NCCL."""
+    out = {}
+    phases = {ph for r in analysis.get("ranks") or [] for ph in r.get("phases", {})}
+    for phase in sorted(phases):
+        rows = [r["phases"][phase].get("window_exposed_share") or {} for r in analysis["ranks"] if phase in r["phases"]]
+        for cat in sorted(set.intersection(*(set(x) for x in rows)) if rows else set()):
+            axis = {"tp_allreduce": "tp", "cp_ring": "cp", "ep_all_to_all": "ep"}.get(cat, "other")
+            samples = per_sample([x[cat] for x in rows], lambda xs: sum(xs) / len(xs))
+            if any(samples):
+                name = f"{prefix}exposed_share/{phase}/{axis}"
+                out[name] = Metric(name, "share", "fraction", samples)
+    return out
+
+
+def load_metrics(path: str | Path, analyze_traces: bool = True) -> tuple[dict[str, Metric], dict, dict]:
+    """(metrics, run context, machine facts) of a run bundle, an analysis JSON, or a baseline."""
+    p = Path(path)
+    if p.is_dir():
+        manifest = require_manifest(p)
+        subs = sub_bundles(manifest)
+        metrics: dict[str, Metric] = {}
+        dirs = {f"{b}/": p / d for b, d in subs.items()} if subs else {"": p}
+        for prefix, d in dirs.items():
+            metrics.update(timing_metrics(read_timings(d), prefix))
+            if analyze_traces and any(d.glob("rank*.trace.json*")):
+                from commprobe.analyzers.analysis import analyze
+
+                result = analyze(str(d))
+                metrics.update(collective_metrics(result, prefix))
+                metrics.update(exposure_metrics(result, prefix))
+        return metrics, run_context(manifest), machine_facts(manifest)
+    data = read_json(p)
+    schema = str(data.get("schema", ""))
+    if schema == SCHEMA:
+        metrics = {}
+        for name, m in (data.get("metrics") or {}).items():
+            if not isinstance(m, dict) or m.get("kind") not in ("time", "share") or not isinstance(m.get("samples"), list):
+                raise GateInputError(f"{p}: metric {name!r} is malformed")
+            metrics[name] = Metric(name, m["kind"], m.get("unit", ""), [float(x) for x in m["samples"]])
+        return metrics, data.get("context") or {}, data.get("machine") or {}
+    if schema.startswith("commprobe.analysis/"):
+        manifest = data.get("manifest") or {}
+        return {**collective_metrics(data), **exposure_metrics(data)}, run_context(manifest), machine_facts(manifest)
+    if schema.startswith("commprobe."):
+        raise GateInputError(f"{p}: schema {schema!r} cannot be gated (expected a bundle, an analysis or {SCHEMA})")
+    raise GateInputError(f"{p}: not a commprobe bundle, analysis or baseline (schema {schema or 'missing'})")
+
+
+def baseline_doc(metrics: dict[str, Metric], context: dict, machine: dict, source: str) -> dict:
+    return {"schema": SCHEMA, "source": source, "context": context, "machine": machine,
+            "metrics": {n: {"kind": m.kind, "unit": m.unit, "samples": m.samples} for n, m in sorted(metrics.items())}}
