@@ -21,6 +21,7 @@ from commprobe.common.bundle import read_manifest, single_manifest, sub_bundles,
 from . import collectives as coll
 from .attribution import rank_breakdown
 from .classify import CATEGORIES, classify, load_rules
+from .graphs import graph_facts
 from .trace import TraceError, iter_traces
 from .verdict import COMM_CATS, phase_summary
 
@@ -46,10 +47,15 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     manifest = single_manifest(path) if path.exists() else None
     rules = load_rules(rules_file) if rules_file else []
     ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
+    links: dict[str, int] = {}
+    graphs: dict[int, dict] = {}
     for t in iter_traces(path):  # one rank in memory at a time
         cls = classify(t, rules)
         ranks.append(rank_breakdown(t, cls))
         calls[t.rank] = coll.primary_calls(t, cls)
+        graphs[t.rank] = graph_facts(t)
+        for k, v in cls.links.items():
+            links[k] = links.get(k, 0) + v
         origins[t.rank] = t.origin_ns
         files.append(t.path)
         nbytes += t.uncompressed_bytes
@@ -72,7 +78,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     waits = matched.pop("_waits")
     _phase_waits(ranks, calls, waits)
     buckets = coll.size_buckets(calls, waits)
-    phases = phase_summary(ranks, threshold, matched, buckets)
+    provenance = _provenance(calls)
+    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs)
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None,
@@ -84,12 +91,29 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         "phases": phases,
         "collectives": matched,
         "message_sizes": buckets,
+        "axis_provenance": provenance,
+        "kernel_links": links,
+        "graphs": {str(r): g for r, g in sorted(graphs.items())},
         "origin_ns": origin,
         "telemetry": _telemetry(path, manifest, origin),
         "unclassified": {"count": sum(unknown.values()),
                          "names": [{"name": n, "count": c} for n, c in sorted(unknown.items(), key=lambda kv: -kv[1])[:50]]},
         "elapsed_s": time.perf_counter() - t0,
     }
+
+
+def _provenance(calls: dict) -> dict[str, dict[str, int]]:
+    """Per communication category, how many calls had their axis declared, inferred or unknown."""
+    out: dict[str, dict[str, int]] = {}
+    for c in calls.values():
+        if not len(c):
+            continue
+        counts = np.bincount(c.kind, minlength=len(c.kinds))
+        for (_, _, cat, src), n in zip(c.kinds, counts.tolist()):
+            if n:
+                out.setdefault(cat, {}).setdefault(src, 0)
+                out[cat][src] += n
+    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
 
 
 def _phase_waits(ranks: list[dict], calls: dict, waits: dict) -> None:

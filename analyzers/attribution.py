@@ -7,8 +7,8 @@ its time is exposed; ops nested inside a collective count as the collective).
 Exposed communication is communication time not overlapped by compute on any stream of the
 device. Idle is window time with nothing on the timeline.
 
-Windows, in order of preference: our phase spans (`commprobe/prefill`, `commprobe/decode[i]`;
-their device copies when the trace has them), else `ProfilerStep#N`, else the whole trace.
+Windows: the first phase rule of phases.py that matches (our spans, vLLM's engine steps,
+`ProfilerStep#N`; their device copies when the trace has them), else the whole trace.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import numpy as np
 from . import intervals as iv
 from .classify import CATEGORIES, COMM_CODES, COMPUTE, MARKER, MEMCPY, OTHER, Classified, comm_mask
 from .collectives import thin
+from .phases import RULES
 from .trace import Trace
 
-_PHASE = re.compile(r"^commprobe/(prefill|decode)")
 _STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
@@ -40,30 +40,41 @@ def timeline(trace: Trace) -> Timeline:
     return Timeline(False, ~dev)
 
 
-def windows(trace: Trace, tl: Timeline) -> dict[str, list[tuple[float, float]]]:
-    """phase -> [(start, end)] in µs on the trace's clock."""
+def windows(trace: Trace, tl: Timeline) -> tuple[dict[str, list[tuple[float, float]]], dict]:
+    """(phase -> [(start, end)] in µs on the trace's clock, how they were chosen): the first phase
+    rule (phases.py) with annotations on this rank, their device copies when the trace has them."""
     dev = trace.is_device()
     sides = (True, False) if tl.device else (False,)
-
-    def collect(pattern: re.Pattern, on_device: bool, phase_of) -> dict:
-        out: dict[str, list] = {}
-        ids = [i for i, n in enumerate(trace.names) if pattern.match(n)]
-        if not ids:
-            return out
-        sel = np.isin(trace.name_id, ids) & (dev if on_device else ~dev)
-        for i in np.flatnonzero(sel):
-            name = trace.names[trace.name_id[i]]
-            out.setdefault(phase_of(name), []).append((float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])))
-        return out
-
-    for pattern, phase_of in ((_PHASE, lambda n: _PHASE.match(n).group(1)), (_STEP, lambda n: "step")):
+    for rule in RULES:
+        parsed = {i: rule.pattern.match(n) for i, n in enumerate(trace.names) if n.startswith(rule.prefix)}
+        good = {i: m for i, m in parsed.items() if m}
+        if not good:
+            continue
         for on_device in sides:
-            w = collect(pattern, on_device, phase_of)
-            if w:
-                return w
+            side = dev if on_device else ~dev
+            idx = np.flatnonzero(np.isin(trace.name_id, list(good)) & side)
+            if not len(idx):
+                continue
+            out: dict[str, list] = {}
+            steps: dict[str, dict] = {}
+            for i in idx.tolist():
+                m = good[int(trace.name_id[i])]
+                ph = rule.phase_of(m)
+                out.setdefault(ph, []).append((float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])))
+                st = steps.setdefault(ph, {"steps": 0})
+                st["steps"] += 1
+                for k, v in rule.counts(m).items():
+                    st[k] = st.get(k, 0) + v
+            bad = [i for i, m in parsed.items() if m is None]
+            malformed = int((np.isin(trace.name_id, bad) & side).sum()) if bad else 0
+            info = {"rule": rule.name, "source": rule.source, "malformed": malformed}
+            if rule.name != "commprobe" and rule.name != "profiler-step":
+                info["engine_steps"] = steps
+            return out, info
     if not tl.mask.any():
-        return {}
-    return {"trace": [(float(trace.ts[tl.mask].min()), float((trace.ts + trace.dur)[tl.mask].max()))]}
+        return {}, {"rule": "whole-trace", "source": "", "malformed": 0}
+    return ({"trace": [(float(trace.ts[tl.mask].min()), float((trace.ts + trace.dur)[tl.mask].max()))]},
+            {"rule": "whole-trace", "source": "", "malformed": 0})
 
 
 def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv.Intervals]:
@@ -85,7 +96,7 @@ def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv
 
 def rank_breakdown(trace: Trace, cls: Classified) -> dict:
     tl = timeline(trace)
-    wins = windows(trace, tl)
+    wins, rule = windows(trace, tl)
     unions = category_unions(trace, cls, tl)
     compute = unions[COMPUTE]
     exposed_base = {c: iv.subtract(unions[c], compute) if tl.device else unions[c] for c in (*COMM_CODES, MEMCPY)}
@@ -110,6 +121,7 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
                          "window_exposed_share": per_window}
     shown = {c: (unions[c] if c in (COMPUTE, OTHER) else exposed_base[c]) for c in (COMPUTE, *COMM_CODES, MEMCPY, OTHER)}
     return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases,
+            "phase_rule": rule,
             "windows": {ph: [[a, b] for a, b in sp[:MAX_WINDOWS]] for ph, sp in wins.items()},
             "segments": {ph: _segments(shown, sp) for ph, sp in wins.items()}}
 

@@ -3,19 +3,24 @@ memcpy, or other; and for communication, its op, axis and message size.
 
 Names are classified once per unique name (a trace has hundreds of names and millions of
 events), then mapped onto the event arrays. Sources, in order: a user rules file; our own
-spans (`commprobe/comm/{axis}/{op}/bytes=…`); communication kernels users really run (NCCL
-and RCCL old and new names, vLLM's custom allreduce, torch symmetric memory, TensorRT-LLM,
-DeepEP, MSCCL++, our DDA); the c10d / record_param_comms / nccl: / gloo: CPU ops. The axis of
-a foreign collective comes from its process group's name or description when that says
-(tp/tensor, cp/context, ep/expert/moe, dp/data), else from the op (allreduce -> TP,
-all-to-all -> EP, send/recv -> CP ring).
+spans (`commprobe/comm/{axis}/{op}/bytes=…`); the communication kernels of comm_kernels.toml
+(NCCL and RCCL old and new names, vLLM's custom allreduce, torch symmetric memory,
+TensorRT-LLM, DeepEP and its forks, MSCCL++, NVSHMEM, our DDA); the c10d / record_param_comms
+/ nccl: / gloo: CPU ops. Then every communication kernel is linked to the host op that
+launched it (links.py) and takes that op's collective, group, size and Seq.
+
+Each collective's axis carries how it was decided (`axis_source`): `declared` (our spans; a
+process group whose name or description says tp/tensor, cp/context, ep/expert/moe, dp/data),
+`inferred` (allreduce -> TP, all-to-all -> EP; a collective inside the backward pass -> DP),
+or `unknown` (a bare send/recv could be pipeline, context-parallel or part of an all-to-all:
+it is p2p of unknown axis, never CP ring).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,6 +28,8 @@ import numpy as np
 import numpy.ma  # noqa: F401  (np.unique/np.isin import it lazily: 50 ms inside the first analysis otherwise)
 
 from .trace import DEVICE_CATS, Trace, TraceError
+
+_KERNELS_TOML = Path(__file__).with_name("comm_kernels.toml")
 
 # Category codes (indexes into CATEGORIES).
 COMPUTE, TP_ALLREDUCE, CP_RING, EP_ALL_TO_ALL, OTHER_COMM, MEMCPY, OTHER, MARKER = range(8)
@@ -35,6 +42,9 @@ def comm_mask(category: np.ndarray) -> np.ndarray:
     """Which events' category codes are communication (a table lookup per event)."""
     return _IS_COMM[category]
 AXES = ["tp", "cp", "ep", "dp", "other"]
+# How a collective's axis was decided (codes into AXIS_SOURCES; 0: not a collective).
+DECLARED, INFERRED, UNKNOWN = 1, 2, 3
+AXIS_SOURCES = ["", "declared", "inferred", "unknown"]
 
 _OP_ALIASES = {
     "allreduce": "allreduce", "all_reduce": "allreduce", "allreduce_coalesced": "allreduce",
@@ -73,47 +83,50 @@ class NameClass:
     axis: str | None = None
     bytes: float = float("nan")
     needs_args: bool = False  # op/size/axis come from the event's args (record_param_comms, NCCL kernels)
+    axis_source: int = 0
 
 
-# Kernels and ops that move data between ranks. (pattern, op or None when the name says it)
-_KERNEL_RULES: list[tuple[re.Pattern, str | None]] = [
-    (re.compile(r"nccl(?:Dev)?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll)",
-                re.IGNORECASE), None),
-    (re.compile(r"rccl|nccl(?:Dev)?Kernel_Generic|ncclDevKernel|ncclKernel", re.IGNORECASE), "args"),
-    (re.compile(r"cross_device_reduce_(?:1|2)stage"), "allreduce"),  # vLLM custom allreduce
-    (re.compile(r"(?:one|two)_shot_all_reduce|multimem_(?:one_shot_)?all_reduce|symm_mem.*all_reduce"), "allreduce"),
-    (re.compile(r"multimem_all_gather|symm_mem.*all_gather"), "all_gather"),
-    (re.compile(r"(?:one|two)ShotAllReduce|allReduce(?:One|Two)Shot|customAllReduce|allreduce_fusion_kernel|"
-                r"lamport.*all_?reduce", re.IGNORECASE), "allreduce"),  # TensorRT-LLM
-    (re.compile(r"deep_ep::.*(?:dispatch|combine)|deep_ep.*(?:dispatch|combine)"), "all_to_all"),  # DeepEP
-    (re.compile(r"mscclpp.*all_?reduce|allreduce.*mscclpp", re.IGNORECASE), "allreduce"),
-    (re.compile(r"mscclpp.*all_?gather", re.IGNORECASE), "all_gather"),
-    (re.compile(r"mscclpp", re.IGNORECASE), "other"),
-    (re.compile(r"dda_(?:one|two)shot|commprobe_dda", re.IGNORECASE), "allreduce"),  # our GPU DDA kernels
-]
-# Every kernel rule above needs one of these substrings (lowercased): a C-speed prefilter that spares
-# the regexes the long C++ template names of ordinary compute kernels.
-_COMM_HINTS = ("nccl", "rccl", "all_reduce", "allreduce", "all_gather", "allgather", "deep_ep", "mscclpp",
-               "dda_", "commprobe", "cross_device_reduce", "lamport")
+def _kernel_table() -> tuple[list[tuple[re.Pattern, str | None]], tuple[str, ...]]:
+    """comm_kernels.toml as (pattern, op) pairs (op None: the name's first group says; "args":
+    only the launching host op can say) and the prefilter's substrings."""
+    import tomllib
+
+    doc = tomllib.loads(_KERNELS_TOML.read_text())
+    rules = []
+    for k in doc["kernel"]:
+        op = {"name": None, "host": "args"}.get(k["op"], k["op"])
+        rules.append((re.compile(k["pattern"], re.IGNORECASE if "i" in k.get("flags", "") else 0), op))
+    return rules, tuple(doc["hints"])
+
+
+_KERNEL_RULES, _COMM_HINTS = _kernel_table()
 _CPU_OP = re.compile(r"^(?:c10d|c10d_functional|_c10d_functional)::(\w+)|^(?:nccl|gloo|mpi|ucc|dda):(\w+)")
 _OWN_SPAN = re.compile(r"^commprobe/comm/(\w+)/(\w+)/bytes=(\d+)(?:/dtype=(\w+))?(?:/group=(\d+))?(?:/backend=(\w+))?")
-_PHASE = re.compile(r"^commprobe/(prefill|decode)\b|^ProfilerStep#\d+")
+# Window annotations (phases.py): markers, not work.
+_PHASE = re.compile(r"^commprobe/(prefill|decode)\b|^ProfilerStep#\d+|^execute_context_\d|^execute_new_\d")
 _KERNEL_OP_NAMES = {"allreduce": "allreduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
                     "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "send": "send_recv",
                     "recv": "send_recv", "alltoall": "all_to_all"}
 
 
 _GROUP_AXES = [(axis, re.compile(pat)) for axis, pat in (
-    ("tp", r"\btp\b|tensor"), ("cp", r"\bcp\b|context|ring"), ("ep", r"\bep\b|expert|moe"), ("dp", r"\bdp\b|data"))]
+    ("tp", r"(?<![a-z])tp(?![a-z])|tensor"), ("cp", r"(?<![a-z])cp(?![a-z])|context|ring"),
+    ("ep", r"(?<![a-z])ep(?![a-z])|expert|moe"), ("dp", r"(?<![a-z])dp(?![a-z])|data"))]  # tp, tp_group, mesh:tp
+
+
+_OP_AXES = {"allreduce": "tp", "all_to_all": "ep"}  # what an undeclared collective implies in inference
 
 
 @lru_cache(maxsize=4096)
-def axis_for(op: str | None, group_text: str = "") -> str:
+def axis_for(op: str | None, group_text: str = "") -> tuple[str, int]:
+    """(axis, how it was decided): declared by the process group's name or description, else
+    inferred from the op (allreduce -> TP, all-to-all -> EP), else unknown ("other")."""
     g = group_text.lower()
     for axis, pat in _GROUP_AXES:
         if g and pat.search(g):
-            return axis
-    return {"allreduce": "tp", "all_to_all": "ep", "send_recv": "cp"}.get(op or "", "other")
+            return axis, DECLARED
+    axis = _OP_AXES.get(op or "")
+    return (axis, INFERRED) if axis else ("other", UNKNOWN)
 
 
 def category_for(op: str | None, axis: str | None) -> int:
@@ -176,7 +189,7 @@ def classify_name(name: str, cat: str, rules: list[Rule] = ()) -> NameClass:
     if m:
         axis, op = m.group(1), normalize_op(m.group(2)) or m.group(2)
         c = category_for(op, axis)
-        return NameClass(c, op, axis, float(m.group(3)))
+        return NameClass(c, op, axis, float(m.group(3)), axis_source=DECLARED)
     if name.startswith("commprobe/"):  # our other spans (ring steps) hold compute and comm: markers
         return NameClass(MARKER)
     is_device = cat in DEVICE_CATS
@@ -190,20 +203,24 @@ def classify_name(name: str, cat: str, rules: list[Rule] = ()) -> NameClass:
             if not m:
                 continue
             if op == "args":
-                return NameClass(OTHER_COMM, None, None, needs_args=True)
+                return NameClass(OTHER_COMM, None, None, needs_args=True, axis_source=UNKNOWN)
+            if op == "compute":
+                return NameClass(COMPUTE)
             if op is None:
                 op = _KERNEL_OP_NAMES.get(m.group(1).lower())
             if op == "other":
-                return NameClass(OTHER_COMM, None, "other")
+                return NameClass(OTHER_COMM, None, "other", axis_source=UNKNOWN)
             # Prefer the process group named in the event's args when there is one.
-            return NameClass(category_for(op, axis_for(op)), op, axis_for(op), needs_args=is_device)
+            axis, src = axis_for(op)
+            return NameClass(category_for(op, axis), op, axis, needs_args=is_device, axis_source=src)
         if name == "record_param_comms":
-            return NameClass(OTHER_COMM, needs_args=True)
+            return NameClass(OTHER_COMM, needs_args=True, axis_source=UNKNOWN)
         m = _CPU_OP.match(name)
         if m:
             op = normalize_op(m.group(1) or m.group(2))
             if op:
-                return NameClass(category_for(op, axis_for(op)), op, axis_for(op), needs_args=True)
+                axis, src = axis_for(op)
+                return NameClass(category_for(op, axis), op, axis, needs_args=True, axis_source=src)
         if is_device or cat in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"):
             return NameClass(COMPUTE)
     return NameClass(OTHER)
@@ -220,20 +237,45 @@ class Classified:
     comm_group: np.ndarray  # object: process group key (name or size) for cross-rank matching, None if unknown
     group_size: np.ndarray  # int, 0 unknown
     unknown_names: dict[str, int]  # names that fell into "other", with counts
+    axis_source: np.ndarray  # int8 codes into AXIS_SOURCES (0: not a collective)
+    seq: np.ndarray  # int64: the call's sequence number in its group (args Seq; a kernel's from its host op), -1
+    links: dict = field(default_factory=dict)  # how communication kernels were linked to host ops (links.py)
 
 
-def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None, float, str | None, int]:
+# torch's names for the element types of "Input type" (record_function's recorded inputs)
+_INPUT_TYPE_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "int": 4,
+                     "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::float8_e4m3fn": 1,
+                     "c10::float8_e5m2": 1}
+
+
+def _input_bytes(args: dict) -> float:
+    """Bytes of the first recorded input (Input Dims x Input type), for host ops that record no
+    message size of their own (`nccl:all_to_all` in older PyTorch); NaN when it cannot be told."""
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not (isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]
+            and isinstance(types, list) and types and isinstance(types[0], str)):
+        return float("nan")
+    size = _INPUT_TYPE_BYTES.get(types[0].lower())
+    if size is None or not all(isinstance(d, int) and d >= 0 for d in dims[0]):
+        return float("nan")
+    return float(np.prod(dims[0], dtype=np.float64)) * size
+
+
+def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None, float, str | None, int, int]:
     op = normalize_op(str(args.get("Collective name", ""))) or fallback.op
     pg = f'{args.get("Process Group Description") or ""} {args.get("Process Group Name") or ""}'
-    axis = axis_for(op, pg)
+    axis, src = axis_for(op, pg)
     nel = args.get("In msg nelems")
     if op in ("all_gather",) and args.get("Out msg nelems"):
         nel = args.get("Out msg nelems")
     dt = str(args.get("dtype", "")).lower()
     size = float(nel) * _DTYPE_BYTES.get(dt, 0) if isinstance(nel, (int, float)) and dt in _DTYPE_BYTES else float("nan")
+    if nel is None and "dtype" not in args:
+        size = _input_bytes(args)
     group = args.get("Process Group Name")
     gsize = args.get("Group size") or 0
-    return op, axis, size, (str(group) if group is not None else None), int(gsize) if isinstance(gsize, int) else 0
+    return (op, axis, size, (str(group) if group is not None else None), int(gsize) if isinstance(gsize, int) else 0,
+            src)
 
 
 def _codes(keys: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
@@ -264,6 +306,7 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
     comm_op = np.full(n, None, object)
     comm_axis = np.full(n, None, object)
     comm_group = np.full(n, None, object)
+    axis_source = np.zeros(n, np.int8)
     comm_idx = np.flatnonzero(comm_mask(category))
     if len(comm_idx):
         # One answer per distinct (name class, args subset): events that share both share it.
@@ -276,20 +319,27 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
                for c in combos.tolist()]
         keep = np.array([o is not None for o in out], bool)[combo_of]
         idx, sel = comm_idx[keep], combo_of[keep]
-        out = [o or (OTHER_COMM, None, None, np.nan, None, 0) for o in out]
-        cat_c, op_c, axis_c, bytes_c, group_c, gsize_c = (np.array(col, dtype=object) for col in zip(*out))
+        out = [o or (OTHER_COMM, None, None, np.nan, None, 0, UNKNOWN) for o in out]
+        cat_c, op_c, axis_c, bytes_c, group_c, gsize_c, src_c = (np.array(col, dtype=object) for col in zip(*out))
         category[idx] = cat_c.astype(np.int8)[sel]
         comm_op[idx], comm_axis[idx], comm_group[idx] = op_c[sel], axis_c[sel], group_c[sel]
         comm_bytes[idx] = bytes_c.astype(np.float64)[sel]
         group_size[idx] = gsize_c.astype(np.int64)[sel]
-    _inherit_own_spans(trace, category, comm_idx, comm_op, comm_axis, comm_bytes)
+        axis_source[idx] = src_c.astype(np.int8)[sel]
+        axis_source[comm_idx[~keep]] = np.array([c.axis_source for c in name_classes], np.int8)[cls_of[~keep]]
+    _inherit_own_spans(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source)
     counts = np.bincount(inverse, minlength=len(uniq)) if n else np.zeros(len(uniq), np.int64)
     unknown: dict[str, int] = {}
     for k, c in enumerate(name_classes):
         if c.category == OTHER:
             name = trace.names[int(uniq[k]) // ncat]
             unknown[name] = unknown.get(name, 0) + int(counts[k])
-    return Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown)
+    cls = Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown, axis_source,
+                     trace.arg_seq.copy())
+    from .links import link_kernels_to_host_ops
+
+    link_kernels_to_host_ops(trace, cls)
+    return cls
 
 
 def is_own_span(name: str) -> bool:
@@ -302,18 +352,18 @@ def _comm_details(trace: Trace, nc: NameClass, name_id: int, arg_row: int):
     it as the name classified it (record_param_comms without a collective name)."""
     if nc.needs_args:
         args = trace.arg_dicts[arg_row] if arg_row >= 0 else {}
-        op, axis, size, group, gsize = _args_class(args, nc)
+        op, axis, size, group, gsize, src = _args_class(args, nc)
         if op is None:
             return None
-        return category_for(op, axis), op, axis, size, group, gsize
+        return category_for(op, axis), op, axis, size, group, gsize, src
     m = _OWN_SPAN.match(trace.names[name_id])
     if m and m.group(5):
-        return nc.category, nc.op, nc.axis, nc.bytes, m.group(1), int(m.group(5))
-    return nc.category, nc.op, nc.axis, nc.bytes, None, 0
+        return nc.category, nc.op, nc.axis, nc.bytes, m.group(1), int(m.group(5)), DECLARED
+    return nc.category, nc.op, nc.axis, nc.bytes, None, 0, nc.axis_source
 
 
 def _inherit_own_spans(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
-                       comm_bytes: np.ndarray) -> None:
+                       comm_bytes: np.ndarray, axis_source: np.ndarray) -> None:
     """A library's communication op that starts inside one of our own spans (`c10d::_allgather_base_`,
     `gloo:all_gather` on gloo's worker thread) is that span's work: it takes the span's category,
     axis and op, which the library's own event cannot tell (a CP all-gather would otherwise be
@@ -332,5 +382,6 @@ def _inherit_own_spans(trace: Trace, category: np.ndarray, comm_idx: np.ndarray,
     for i, k in zip(lib[inside], own[j[inside]]):
         category[i] = category[k]
         comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
+        axis_source[i] = DECLARED
         if np.isnan(comm_bytes[i]):
             comm_bytes[i] = comm_bytes[k]

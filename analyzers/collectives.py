@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .classify import CATEGORIES, Classified, bus_factor, comm_mask, is_own_span
+from .classify import AXIS_SOURCES, CATEGORIES, Classified, bus_factor, comm_mask, is_own_span
 from .trace import Trace, factorize
 
 
@@ -25,7 +25,8 @@ class Calls:
 
     A call's match key is (pair, k): pair indexes `pairs` ((process group, op) strings), k is the
     call's sequence number in its group when the trace records one for every call of the pair,
-    else its count among this rank's calls of that pair. `kinds` holds the distinct (op, axis, category)."""
+    else its count among this rank's calls of that pair. `kinds` holds the distinct (op, axis,
+    category, axis source: how the axis was decided)."""
 
     pairs: list[tuple[str, str]]
     pair: np.ndarray  # int64 into pairs
@@ -42,7 +43,7 @@ class Calls:
 
     def category(self) -> np.ndarray:
         """Per call: its category name (object array)."""
-        return np.array([c for _, _, c in self.kinds] or [""], dtype=object)[self.kind] if len(self) else np.zeros(0, object)
+        return np.array([k[2] for k in self.kinds] or [""], dtype=object)[self.kind] if len(self) else np.zeros(0, object)
 
 
 def _group_starts(sorted_keys: np.ndarray) -> np.ndarray:
@@ -75,12 +76,13 @@ def primary_calls(trace: Trace, cls: Classified) -> Calls:
     k[order] = np.arange(len(pick)) - np.repeat(first, np.diff(np.r_[first, len(pick)]))
     # A pair whose every call carries its process group's sequence number (args "Seq") is matched
     # by it: ranks whose traces start or end at different calls still pair the same collective.
-    seq = trace.arg_seq[pick]
+    seq = cls.seq[pick]
     numbered = np.ones(len(pairs), bool)
     np.logical_and.at(numbered, pair, seq >= 0)
     k = np.where(numbered[pair], seq, k)
     cats = np.array(CATEGORIES, dtype=object)[cls.category[pick].astype(np.int64)].tolist()
-    kind, kinds = factorize(list(zip(ops, [a or "other" for a in axes], cats)))
+    sources = np.array(AXIS_SOURCES, dtype=object)[cls.axis_source[pick].astype(np.int64)].tolist()
+    kind, kinds = factorize(list(zip(ops, [a or "other" for a in axes], cats, [s or "unknown" for s in sources])))
     return Calls(pairs, pair, k, trace.ts[pick].astype(np.float64), (trace.ts[pick] + trace.dur[pick]).astype(np.float64),
                  cls.comm_bytes[pick].astype(np.float64), kinds, kind, cls.group_size[pick].astype(np.int64))
 
@@ -213,15 +215,15 @@ def size_buckets(calls_by_rank: dict[int, Calls], waits: dict) -> list[dict]:
     bounds = np.r_[0, np.cumsum(np.bincount(inverse, minlength=len(uniq)))]
     groups = []
     for g, u in enumerate(uniq.tolist()):
-        op, axis, cat = names[u >> 48]
-        groups.append(((op, u & ((1 << 48) - 1)), axis, cat, order[bounds[g]:bounds[g + 1]]))
-    for (op, b), axis, cat, idx in sorted(groups, key=lambda x: x[0]):
+        op, axis, cat, src = names[u >> 48]
+        groups.append(((op, u & ((1 << 48) - 1)), axis, cat, src, order[bounds[g]:bounds[g + 1]]))
+    for (op, b), axis, cat, src, idx in sorted(groups, key=lambda x: x[0]):
         lats = lat[idx]
         med = float(np.median(lats))
         mean_bytes = float(np.mean(nbytes[idx]))
         gs = int(np.median(n[idx]))
         algbw = mean_bytes / med / 1e3 if med > 0 else 0.0  # bytes/µs -> GB/s
-        rows.append({"op": op, "axis": axis, "category": cat, "bucket_bytes": int(b), "count": len(idx),
+        rows.append({"op": op, "axis": axis, "axis_source": src, "category": cat, "bucket_bytes": int(b), "count": len(idx),
                      "median_us": med, "p90_us": float(np.percentile(lats, 90)), "mean_bytes": mean_bytes,
                      "group_size": gs, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, gs),
                      "samples_us": thin(lats, MAX_SAMPLES, 3)})

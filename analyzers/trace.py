@@ -74,6 +74,7 @@ class Trace:
     arg_row: np.ndarray  # int32 into arg_dicts; -1 for events whose args were not read
     arg_dicts: list[dict]  # distinct ARG_KEYS subsets of communication candidates' args
     arg_seq: np.ndarray  # int64: the collective's sequence number in its process group (args "Seq"), -1 unknown
+    arg_corr: np.ndarray  # int64: the launch correlation id (args "correlation") of kernels and launches, -1 unknown
     origin_ns: int
     distributed: dict | None
     commprobe: dict | None
@@ -221,15 +222,23 @@ def _decode_top(path: Path, data: bytes) -> _Trace:
         raise TraceError(f"{path}: not JSON ({e})") from None
 
 
-# The only args fields any analyzer reads (classify: the collective and its process group).
+# The only args fields any analyzer reads (classify: the collective and its process group; Input
+# Dims/type: the message size of host ops that record no "In msg nelems", e.g. `nccl:all_to_all`).
 ARG_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name",
-            "Process Group Description")
-SEQ_KEY = "Seq"  # per event, kept as a number apart (it differs on every call, so it is no part of a shared subset)
+            "Process Group Description", "Input Dims", "Input type")
+# Per event, kept as numbers apart (they differ on every call, so they are no part of a shared subset):
+SEQ_KEY = "Seq"  # the collective's sequence number in its process group
+CORR_KEY = "correlation"  # links a kernel to the runtime call that launched it (Kineto)
 
 
-def _seq_column(values: list) -> np.ndarray:
-    """Sequence numbers as int64, -1 where absent or not an integer."""
+def _int_column(values: list) -> np.ndarray:
+    """Non-negative integers as int64, -1 where absent or not an integer."""
     return np.fromiter((v if v.__class__ is int and v >= 0 else -1 for v in values), np.int64, len(values))
+
+
+def _pick(ids: np.ndarray, column: np.ndarray) -> np.ndarray:
+    """Per event, the int64 of value id `ids` (-1: absent) in `column`."""
+    return np.where(ids >= 0, column[np.maximum(ids, 0)] if len(column) else -1, -1).astype(np.int64)
 
 
 @dataclass
@@ -247,7 +256,7 @@ class _Columns:
     base_ns: int
     dist_raw: bytes | None
     meta_raw: bytes | None
-    args: Callable[[np.ndarray], tuple[np.ndarray, list[dict], np.ndarray]]
+    args: Callable[[np.ndarray], tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]]
     nbytes: int  # uncompressed input size
 
 
@@ -270,16 +279,15 @@ def _columns_native(path: Path) -> _Columns | None:
         np.take(m.astype(np.int32), col, out=col)  # in place: no second copy of an event column
     raw_args, args_off, args_len = s.args, s.args_off, s.args_len  # the closure holds these, not the whole scan
 
-    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray]:
-        ids, raws = native.args_fields(raw_args, args_off[idx], args_len[idx], (*ARG_KEYS, SEQ_KEY))
+    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]:
+        ids, raws = native.args_fields(raw_args, args_off[idx], args_len[idx], (*ARG_KEYS, SEQ_KEY, CORR_KEY))
         if not len(ids):
-            return np.zeros(0, np.int32), [], np.zeros(0, np.int64)
+            return np.zeros(0, np.int32), [], np.zeros(0, np.int64), np.zeros(0, np.int64)
         values = msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else []
-        seq_ids = ids[:, -1]
-        seq = np.where(seq_ids >= 0, _seq_column(values)[np.maximum(seq_ids, 0)] if values else -1, -1)
-        rows, inverse = np.unique(ids[:, :-1], axis=0, return_inverse=True)
+        ints = _int_column(values)
+        rows, inverse = np.unique(ids[:, :-2], axis=0, return_inverse=True)
         dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
-        return inverse.reshape(-1).astype(np.int32), dicts, seq.astype(np.int64)
+        return inverse.reshape(-1).astype(np.int32), dicts, _pick(ids[:, -2], ints), _pick(ids[:, -1], ints)
 
     return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args,
                     s.nbytes)
@@ -295,13 +303,14 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
     cat_id, cats = factorize(list(map(_get_cat, ev)))
     tid_id, _ = factorize(list(map(_get_tid, ev)))
 
-    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray]:
+    def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]:
         raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
         decoded = [a if isinstance(a, dict) else {} for a in (msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else [])]
         table: dict[tuple, int] = {}
-        rows = np.fromiter((table.setdefault(tuple((k, a[k]) for k in ARG_KEYS if k in a), len(table)) for a in decoded),
-                           np.int32, len(decoded))
-        return rows, [dict(t) for t in table], _seq_column([a.get(SEQ_KEY) for a in decoded])
+        rows = np.fromiter((table.setdefault(tuple((k, _hashable(a[k])) for k in ARG_KEYS if k in a), len(table))
+                            for a in decoded), np.int32, len(decoded))
+        return (rows, [{k: _unhashable(v) for k, v in t} for t in table], _int_column([a.get(SEQ_KEY) for a in decoded]),
+                _int_column([a.get(CORR_KEY) for a in decoded]))
 
     return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
                     name_id[keep], cat_id[keep], tid_id[keep], names, cats, top.baseTimeNanoseconds,
@@ -350,14 +359,27 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     sorted_idx = np.flatnonzero(cand[name_id]) if len(cols.names) else np.zeros(0, np.int64)
     arg_row = np.full(len(ts), -1, np.int32)
     arg_seq = np.full(len(ts), -1, np.int64)
-    arg_row[sorted_idx], dicts, arg_seq[sorted_idx] = cols.args(order[sorted_idx])
-    return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq,
+    arg_corr = np.full(len(ts), -1, np.int64)
+    arg_row[sorted_idx], dicts, arg_seq[sorted_idx], arg_corr[sorted_idx] = cols.args(order[sorted_idx])
+    return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq, arg_corr,
                  cols.base_ns, dist, meta, cols.nbytes)
 
 
+# Names whose events' args are kept: communication candidates (their collective, group, size,
+# Seq), every kernel-launch and graph-launch runtime call (their correlation id: cudaLaunchKernel,
+# cuLaunchKernel, hipLaunchKernel, hipExtLaunchKernel, cudaGraphLaunch, hipGraphLaunch, ...), and
+# the kernel families of classify's table (analyzers/comm_kernels.toml).
 _HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall", "broadcast", "barrier", "send",
           "recv", "deep_ep", "mscclpp", "dda", "commprobe/comm", "record_param_comms", "c10d", "gloo:", "mpi:", "ucc:",
-          "lamport")
+          "lamport", "launch", "dispatch", "combine", "notify", "nvshmem", "mori", "symm_mem", "multimem")
+
+
+def _hashable(v):
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
+
+
+def _unhashable(v):
+    return [_unhashable(x) for x in v] if isinstance(v, tuple) else v
 
 
 def _may_need_args(name: str) -> bool:

@@ -12,10 +12,37 @@ AXIS_OF = {"tp_allreduce": "tp", "cp_ring": "cp", "ep_all_to_all": "ep", "other_
 LABEL = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention", "ep_all_to_all": "EP all-to-all",
          "other_comm": "other communication", "compute": "compute", "memcpy": "memcpy", "other": "other"}
 IDLE_BOUND = 0.5  # a device idle more than this share of a phase is host/launch-bound
-PHASE_ORDER = ("prefill", "decode", "step", "trace")
+PHASE_ORDER = ("prefill", "decode", "mixed", "cached", "step", "trace")
 
 
-def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict]) -> dict:
+def axis_note(cat: str, provenance: dict) -> str:
+    """How the category's axis was decided, in words a user can check: '' when declared."""
+    src = provenance.get(cat) or {}
+    if not src or set(src) == {"declared"}:
+        return ""
+    if set(src) == {"inferred"}:
+        return " (axis inferred from the op: no process group in the trace names it)"
+    if set(src) == {"unknown"}:
+        return " (axis unknown: name the process groups to attribute it)"
+    return " (axis partly inferred from the op)"
+
+
+def _source(cat: str, provenance: dict) -> str | None:
+    src = provenance.get(cat) or {}
+    return None if not src else next(iter(src)) if len(src) == 1 else "mixed"
+
+
+def _graph_state(graphs: dict, rows: list[dict]) -> str:
+    states = {graphs.get(r["rank"], {}).get("state", "none") for r in rows}
+    for s in ("capture-only", "replays-without-kernels", "replays"):
+        if s in states:
+            return s
+    return "none"
+
+
+def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict],
+                  provenance: dict | None = None, graphs: dict | None = None) -> dict:
+    provenance, graphs = provenance or {}, graphs or {}
     out = {}
     names = sorted({p for r in ranks for p in r["phases"]},
                    key=lambda p: PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER))
@@ -33,14 +60,25 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         device = any(r["timeline"] == "device" for r in rows)
         comm_share = sum(shares[c] for c in COMM_CATS)
         top_comm = max(COMM_CATS, key=lambda c: shares[c])
-        if device and idle > IDLE_BOUND:
+        graph = _graph_state(graphs, rows)
+        notes = []
+        if graph == "capture-only":
+            notes.append("the trace records CUDA/HIP graph capture but no replay: profile serving steps, not the capture")
+        elif graph == "replays-without-kernels":
+            notes.append("the trace records graph replays but not the kernels they ran (most replays are followed by "
+                         "no kernel): the device's time cannot be told from it; profile with the graph's kernels recorded")
+        if notes:
+            verdict, dominant, share = "unknown", "unknown", 0.0
+            summary = f"{phase}: no verdict: {notes[0]}"
+        elif device and idle > IDLE_BOUND:
             verdict, dominant, share = "host/launch-bound", "idle", idle
             summary = (f"{phase} is host/launch-bound: the device is idle {idle:.0%} of the window "
                        f"(exposed communication {comm_share:.0%})")
         elif comm_share > threshold:
             verdict, dominant, share = "communication-bound", top_comm, shares[top_comm]
             summary = (f"{phase} is communication-bound: exposed communication is {comm_share:.0%} of end-to-end "
-                       f"latency (threshold {threshold:.0%}), {LABEL[top_comm]} {shares[top_comm]:.0%}")
+                       f"latency (threshold {threshold:.0%}), {LABEL[top_comm]} {shares[top_comm]:.0%}"
+                       f"{axis_note(top_comm, provenance)}")
         else:
             top = max(("compute", "memcpy", "other"), key=lambda c: shares[c])
             verdict, dominant, share = "compute-bound", top, shares[top]
@@ -57,14 +95,21 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             "verdict": verdict,
             "dominant": dominant,
             "axis": AXIS_OF.get(dominant),
+            "axis_source": _source(dominant, provenance),
             "dominant_share": share,
             "summary": summary,
-            "recommendations": recommend(phase, shares, idle, device, threshold, matched, buckets),
+            "notes": notes,
+            "graphs": graph,
+            "recommendations": [] if notes else recommend(phase, shares, idle, device, threshold, matched, buckets,
+                                                          provenance, graph),
         }
     return out
 
 
-def recommend(phase, shares, idle, device, threshold, matched, buckets) -> list[str]:
+def recommend(phase, shares, idle, device, threshold, matched, buckets, provenance=None, graph="none") -> list[str]:
+    """Advice per phase. Axis-specific advice only for an axis the trace declares or its ops imply
+    (a category exists only then); communication of unknown axis gets no axis's advice."""
+    provenance = provenance or {}
     recs = []
     tp = shares["tp_allreduce"]
     if tp > threshold / 2:
@@ -72,14 +117,17 @@ def recommend(phase, shares, idle, device, threshold, matched, buckets) -> list[
         if sizes:
             med = sorted(sizes, key=lambda b: -b["count"])[0]
             if med["bucket_bytes"] <= 1 << 20:
-                recs.append(f"TP allreduce takes {tp:.0%} of {phase} with ≤{med['bucket_bytes'] // 1024} KiB messages "
+                recs.append(f"TP allreduce{axis_note('tp_allreduce', provenance)} takes {tp:.0%} of {phase} with "
+                            f"≤{med['bucket_bytes'] // 1024} KiB messages "
                             f"(median {med['median_us']:.0f} µs): small allreduces are latency-bound; a one-shot DDA "
                             f"allreduce (commprobe --backend dda) replaces the ring's many hops with one read per peer")
             else:
-                recs.append(f"TP allreduce takes {tp:.0%} of {phase} at {med['bucket_bytes'] >> 20} MiB messages: use a "
+                recs.append(f"TP allreduce{axis_note('tp_allreduce', provenance)} takes {tp:.0%} of {phase} at "
+                            f"{med['bucket_bytes'] >> 20} MiB messages: use a "
                             f"two-shot allreduce or overlap it with the next layer's compute")
     if shares["ep_all_to_all"] > threshold / 2:
-        recs.append(f"EP all-to-all is exposed for {shares['ep_all_to_all']:.0%} of {phase}: overlap dispatch/combine "
+        recs.append(f"EP all-to-all{axis_note('ep_all_to_all', provenance)} is exposed for "
+                    f"{shares['ep_all_to_all']:.0%} of {phase}: overlap dispatch/combine "
                     f"with expert compute (micro-batch overlap, low-latency all-to-all kernels)")
     if shares["cp_ring"] > threshold / 2:
         recs.append(f"CP ring steps are exposed for {shares['cp_ring']:.0%} of {phase}: overlap the next block's "
@@ -92,7 +140,16 @@ def recommend(phase, shares, idle, device, threshold, matched, buckets) -> list[
             recs.append(f"rank {r['rank']} spends {r['wait_us'] / comm:.0%} of its communication time waiting for rank "
                         f"{s} (the straggler): fix rank {s}'s imbalance before tuning collectives")
             break
+    other = provenance.get("other_comm") or {}
+    if shares["other_comm"] > threshold / 2 and other.get("unknown"):
+        recs.append(f"communication of unknown axis (p2p send/recv or collectives on unnamed groups) is exposed for "
+                    f"{shares['other_comm']:.0%} of {phase}: give the process groups names or descriptions that say "
+                    f"tp/cp/ep/pp/dp, so the time can be attributed to an axis")
     if device and idle > IDLE_BOUND:
-        recs.append(f"the device is idle {idle:.0%} of {phase}: launch overhead dominates; capture the step in a "
-                    f"CUDA/HIP graph or fuse small kernels")
+        if graph == "replays":  # it already replays graphs: the idle is between replays, not launch overhead
+            recs.append(f"the device is idle {idle:.0%} of {phase} although the step replays CUDA/HIP graphs: the "
+                        f"host between replays (scheduling, sampling, input preparation) is the bottleneck")
+        else:
+            recs.append(f"the device is idle {idle:.0%} of {phase}: launch overhead dominates; capture the step in a "
+                        f"CUDA/HIP graph or fuse small kernels")
     return recs

@@ -148,7 +148,7 @@ def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: d
     """`by_backend`: analyses of the same run per backend (a multi-backend bundle), for the comparison
     chart; `plan`: a `commprobe plan --json` result, for the what-if panel."""
     figs = [("breakdown", breakdown_figure(result))]
-    for phase in ("prefill", "decode", "step", "trace"):
+    for phase in result["phases"]:
         f = timeline_figure(result, phase)
         if f is not None:
             figs.append((f"timeline-{phase}", f))
@@ -165,6 +165,13 @@ def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: d
         + ("<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in p["recommendations"]) + "</ul>" if p["recommendations"] else "")
         + "</li>" for ph, p in result["phases"].items())
     unknown = "".join(f"<tr><td>{_esc(u['name'])}</td><td>{u['count']}</td></tr>" for u in result["unclassified"]["names"][:20])
+    notes = "".join(f"<li>{_esc(n)}</li>" for p in result["phases"].values() for n in p.get("notes", []))
+    prov = "".join(f"<tr><td>{_esc(cat)}</td>" + "".join(f"<td>{src.get(k, 0)}</td>" for k in ("declared", "inferred", "unknown"))
+                   + "</tr>" for cat, src in (result.get("axis_provenance") or {}).items())
+    links = result.get("kernel_links") or {}
+    link_line = (f"<p>Communication kernels linked to the host op that launched them: {links.get('linked', 0)} of "
+                 f"{links.get('comm_kernels', 0)} (no launch in the trace: {links.get('no_launch', 0)}; launched outside "
+                 f"any host collective: {links.get('outside_host_op', 0)}).</p>" if links.get("comm_kernels") else "")
     manifest = result.get("manifest") or {}
     man_rows = "".join(f"<tr><th>{_esc(k)}</th><td><code>{_esc(json.dumps(v) if isinstance(v, (dict, list)) else v)}</code></td></tr>"
                        for k, v in manifest.items())
@@ -183,6 +190,12 @@ code{{font-size:85%}}</style>
 <p>{_esc(src['path'])}: {len(src['files'])} rank trace(s), {src['uncompressed_bytes'] / 1e6:.1f} MB analyzed;
 threshold {result['threshold']:.0%}.</p>
 <h2>Verdict</h2><ul id="verdicts">{verdicts}</ul>
+{f'<ul id="notes">{notes}</ul>' if notes else ''}
+<h2>How each axis was decided</h2>
+<p>declared: our spans or a process group that names its axis; inferred: from the op (allreduce: TP,
+all-to-all: EP; a collective in a gradient hook: DP); unknown: nothing says (p2p send/recv, unnamed groups).</p>
+<table id="provenance"><tr><th>category</th><th>declared</th><th>inferred</th><th>unknown</th></tr>{prov}</table>
+{link_line}
 {divs}
 {plan_panel(plan)}
 <h2>Unclassified events ({result['unclassified']['count']})</h2><table id="unclassified">{unknown}</table>

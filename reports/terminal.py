@@ -18,6 +18,8 @@ def render_analysis(result: dict, console: Console) -> None:
         console.print(f"[{style}]{escape(p['summary'])}[/]", highlight=False)
         for rec in p["recommendations"]:
             console.print(f"  - {escape(rec)}", highlight=False)
+        for note in p.get("notes", []):
+            console.print(f"  note: {escape(note)}", highlight=False)
     table = Table(title="Exposed time per rank and phase (µs per window; share of end-to-end)")
     for col in ("rank", "phase", "e2e", *CATS, "idle"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -39,12 +41,18 @@ def render_analysis(result: dict, console: Console) -> None:
         console.print(t)
     if result["message_sizes"]:
         t = Table(title="Collective latency by message size")
-        for col in ("op", "axis", "≤ bytes", "count", "median µs", "p90 µs", "algbw GB/s", "busbw GB/s"):
+        for col in ("op", "axis", "axis from", "≤ bytes", "count", "median µs", "p90 µs", "algbw GB/s", "busbw GB/s"):
             t.add_column(col, justify="right")
         for b in result["message_sizes"]:
-            t.add_row(escape(b["op"]), b["axis"], str(b["bucket_bytes"]), str(b["count"]), f"{b['median_us']:.1f}",
+            t.add_row(escape(b["op"]), b["axis"], b.get("axis_source", ""), str(b["bucket_bytes"]), str(b["count"]),
+                      f"{b['median_us']:.1f}",
                       f"{b['p90_us']:.1f}", f"{b['algbw_GBps']:.2f}", f"{b['busbw_GBps']:.2f}")
         console.print(t)
+    links = result.get("kernel_links") or {}
+    if links.get("comm_kernels"):
+        console.print(f"communication kernels linked to their host op: {links['linked']} of {links['comm_kernels']} "
+                      f"(no launch in the trace: {links['no_launch']}, outside any host collective: "
+                      f"{links['outside_host_op']})", highlight=False)
     u = result["unclassified"]
     if u["count"]:
         names = ", ".join(escape(n["name"][:40]) for n in u["names"][:5])
