@@ -16,16 +16,17 @@ from .trace import DEVICE_CATS, Trace
 DEVICE_WORK = DEVICE_CATS - {"gpu_user_annotation"}  # what runs on the device (annotations do not)
 
 
-def _named(trace: Trace, *needles: str) -> np.ndarray:
-    ids = [i for i, n in enumerate(trace.names) if any(x in n.lower() for x in needles)]
+def _named(trace: Trace, low: list[str], *needles: str) -> np.ndarray:
+    ids = [i for i, n in enumerate(low) if ("graph" in n or "capture" in n) and any(x in n for x in needles)]
     return np.flatnonzero(np.isin(trace.name_id, ids) & ~trace.is_device()) if ids else np.zeros(0, np.int64)
 
 
 def graph_facts(trace: Trace) -> dict:
     """Counts per rank: graph launches (replays), capture/instantiate calls, and replays after which
     no kernel starts on the device before the next replay (their kernels are missing)."""
-    launches = _named(trace, "graphlaunch")
-    capture = _named(trace, "streambegincapture", "streamendcapture", "graphinstantiate")
+    low = [n.lower() for n in trace.names]
+    launches = _named(trace, low, "graphlaunch")
+    capture = _named(trace, low, "streambegincapture", "streamendcapture", "graphinstantiate")
     work = np.array([c in DEVICE_WORK for c in trace.cats], bool)[trace.cat_id] if trace.cats else np.zeros(0, bool)
     kernels = np.sort(trace.ts[work])
     empty = 0

@@ -38,11 +38,13 @@ class Scanned:
     cat_id: np.ndarray
     tid_id: np.ndarray
     name_raw: list[bytes]  # raw JSON tokens (quotes and escapes included); id 0: the field was missing
+    name_flags: np.ndarray  # uint8 per name_raw: 0 no hint, 1 a plain hint (args kept), 2 a '#' hint (corr)
     cat_raw: list[bytes]
     tid_raw: list[bytes]
     args: bytes  # raw args of the events whose name carries a hint, back to back
     args_off: np.ndarray  # int64 offset into args (-1: not kept)
     args_len: np.ndarray  # int32
+    corr: np.ndarray  # int64: args "correlation" of events named by a '#' hint (kernel launches), else -1
     base_ns: int
     dist_raw: bytes | None
     meta_raw: bytes | None
@@ -73,6 +75,7 @@ def load_scanner() -> tuple[ctypes.CDLL | None, str]:
     lib.scan_table.argtypes = [_vp, ctypes.c_int32, ctypes.POINTER(_i64), ctypes.POINTER(_i32), ctypes.POINTER(_vp)]
     lib.scan_table.restype = ctypes.c_int64
     lib.scan_arena.argtypes, lib.scan_arena.restype = [_vp, ctypes.c_int32, _i64], _vp
+    lib.scan_name_flags.argtypes, lib.scan_name_flags.restype = [_vp], ctypes.POINTER(ctypes.c_uint8)
     lib.args_fields.argtypes = [_cp, ctypes.c_int64, ctypes.c_int64, _i64, _i32, ctypes.c_int32, ctypes.POINTER(_cp),
                                 _i32, _i32]
     lib.args_fields.restype = _vp
@@ -84,7 +87,7 @@ def load_scanner() -> tuple[ctypes.CDLL | None, str]:
 
 
 _COLUMNS = (("ts", np.float64), ("dur", np.float64), ("name_id", np.int32), ("cat_id", np.int32), ("tid_id", np.int32),
-            ("args_off", np.int64), ("args_len", np.int32))
+            ("args_off", np.int64), ("args_len", np.int32), ("corr", np.int64))
 
 
 def _entries(n: int, off, length, base) -> list[bytes]:
@@ -108,8 +111,9 @@ def _arena(lib, s, which: int) -> bytes | None:
 
 def scan(chunks: Iterable[bytes], hints: tuple[str, ...]) -> Scanned | None:
     """Columns of the complete events in the JSON that `chunks` yields (one chunk in memory at a
-    time), with the raw args of events whose name contains one of `hints`; None when there is
-    no scanner here or it does not accept the input (the caller then falls back to msgspec)."""
+    time), with the raw args of events whose name contains one of `hints` (a hint written '#x':
+    only the args' "correlation" number, in the `corr` column); None when there is no scanner
+    here or it does not accept the input (the caller then falls back to msgspec)."""
     if os.environ.get("COMMPROBE_PURE_PYTHON"):
         return None
     lib, _ = load_scanner()
@@ -138,7 +142,9 @@ def scan(chunks: Iterable[bytes], hints: tuple[str, ...]) -> Scanned | None:
             cols[name] = (np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(np.ctypeslib.as_ctypes_type(dtype))),
                                                 shape=(n,)).copy() if n else np.zeros(0, dtype))
             lib.scan_drop_column(s, k)
-        return Scanned(**cols, name_raw=_table(lib, s, 0, b'""'), cat_raw=_table(lib, s, 1, b'""'),
+        names = _table(lib, s, 0, b'""')
+        flags = np.ctypeslib.as_array(lib.scan_name_flags(s), shape=(len(names),)).copy() if names else np.zeros(0, np.uint8)
+        return Scanned(**cols, name_raw=names, name_flags=flags, cat_raw=_table(lib, s, 1, b'""'),
                        tid_raw=_table(lib, s, 2, b"0"), args=_arena(lib, s, 0) or b"", base_ns=int(lib.scan_base_ns(s)),
                        dist_raw=_arena(lib, s, 1), meta_raw=_arena(lib, s, 2), nbytes=total)
     finally:

@@ -222,10 +222,18 @@ def _decode_top(path: Path, data: bytes) -> _Trace:
         raise TraceError(f"{path}: not JSON ({e})") from None
 
 
-# The only args fields any analyzer reads (classify: the collective and its process group; Input
-# Dims/type: the message size of host ops that record no "In msg nelems", e.g. `nccl:all_to_all`).
-ARG_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name",
-            "Process Group Description", "Input Dims", "Input type")
+# The only args fields any analyzer reads (classify: the collective and its process group), and,
+# only for events that record neither "In msg nelems" nor "dtype" (`nccl:all_to_all` in older
+# PyTorch), their first input's dims and type: the message size (they differ on every call, so
+# reading them for every event would multiply the distinct args subsets).
+BASE_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name",
+             "Process Group Description")
+INPUT_KEYS = ("Input Dims", "Input type")
+ARG_KEYS = BASE_KEYS + INPUT_KEYS
+
+
+def _needs_inputs(present: Callable[[str], bool]) -> bool:
+    return not present("In msg nelems") and not present("dtype")
 # Per event, kept as numbers apart (they differ on every call, so they are no part of a shared subset):
 SEQ_KEY = "Seq"  # the collective's sequence number in its process group
 CORR_KEY = "correlation"  # links a kernel to the runtime call that launched it (Kineto)
@@ -258,11 +266,13 @@ class _Columns:
     meta_raw: bytes | None
     args: Callable[[np.ndarray], tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]]
     nbytes: int  # uncompressed input size
+    corr: Callable[[np.ndarray], np.ndarray] | None = None  # only the correlation ids of those events
+    kinds: np.ndarray | None = None  # per name: _args_kind, when the reader already knows it
 
 
 def _columns_native(path: Path) -> _Columns | None:
     """The C scanner's columns, streamed from the file (native.py), or None to fall back to msgspec."""
-    s = native.scan(_iter_chunks(path), _HINTS)
+    s = native.scan(_iter_chunks(path), (*_ARG_HINTS, "#" + _LAUNCH))
     if s is None:
         return None
     try:  # each distinct raw token decoded once (escapes and UTF-8 checked by msgspec)
@@ -273,24 +283,36 @@ def _columns_native(path: Path) -> _Columns | None:
         return None
     # Different raw spellings of one string (escapes) get one id.
     name_map, names = factorize(names)
+    kinds = np.zeros(len(names), np.int8)  # the scanner's hint flags, per distinct name (escapes merged)
+    np.maximum.at(kinds, name_map, s.name_flags.astype(np.int8))
     cat_map, cats = factorize(cats)
     tid_map, _ = factorize(tids)
     for m, col in ((name_map, s.name_id), (cat_map, s.cat_id), (tid_map, s.tid_id)):
         np.take(m.astype(np.int32), col, out=col)  # in place: no second copy of an event column
-    raw_args, args_off, args_len = s.args, s.args_off, s.args_len  # the closure holds these, not the whole scan
+    raw_args, args_off, args_len, corr_col = s.args, s.args_off, s.args_len, s.corr  # the closure holds these
 
     def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]:
-        ids, raws = native.args_fields(raw_args, args_off[idx], args_len[idx], (*ARG_KEYS, SEQ_KEY, CORR_KEY))
-        if not len(ids):
+        base, raws = native.args_fields(raw_args, args_off[idx], args_len[idx], (*BASE_KEYS, SEQ_KEY))
+        if not len(base):
             return np.zeros(0, np.int32), [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ids = np.full((len(base), len(ARG_KEYS) + 1), -1, np.int32)
+        ids[:, :len(BASE_KEYS)], ids[:, -1] = base[:, :len(BASE_KEYS)], base[:, -1]
+        need = np.flatnonzero((base[:, BASE_KEYS.index("In msg nelems")] < 0) & (base[:, BASE_KEYS.index("dtype")] < 0))
+        if len(need):
+            more, raws2 = native.args_fields(raw_args, args_off[idx[need]], args_len[idx[need]], INPUT_KEYS)
+            ids[need, len(BASE_KEYS):len(ARG_KEYS)] = np.where(more >= 0, more + len(raws), -1)
+            raws = raws + raws2
         values = msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else []
         ints = _int_column(values)
-        rows, inverse = np.unique(ids[:, :-2], axis=0, return_inverse=True)
+        rows, inverse = np.unique(ids[:, :-1], axis=0, return_inverse=True)
         dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
-        return inverse.reshape(-1).astype(np.int32), dicts, _pick(ids[:, -2], ints), _pick(ids[:, -1], ints)
+        return inverse.reshape(-1).astype(np.int32), dicts, _pick(ids[:, -1], ints), corr_col[idx]
+
+    def corr(idx: np.ndarray) -> np.ndarray:  # correlation ids: read by the scanner into a column
+        return corr_col[idx]
 
     return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args,
-                    s.nbytes)
+                    s.nbytes, corr, kinds)
 
 
 def _columns_msgspec(path: Path, data: bytes) -> _Columns:
@@ -307,8 +329,8 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
         raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
         decoded = [a if isinstance(a, dict) else {} for a in (msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else [])]
         table: dict[tuple, int] = {}
-        rows = np.fromiter((table.setdefault(tuple((k, _hashable(a[k])) for k in ARG_KEYS if k in a), len(table))
-                            for a in decoded), np.int32, len(decoded))
+        rows = np.fromiter((table.setdefault(tuple((k, _hashable(a[k])) for k in (ARG_KEYS if _needs_inputs(
+            a.__contains__) else BASE_KEYS) if k in a), len(table)) for a in decoded), np.int32, len(decoded))
         return (rows, [{k: _unhashable(v) for k, v in t} for t in table], _int_column([a.get(SEQ_KEY) for a in decoded]),
                 _int_column([a.get(CORR_KEY) for a in decoded]))
 
@@ -355,23 +377,29 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     ts, dur = sorted_col("ts", np.float64), sorted_col("dur", np.float64)
     name_id, cat_id, tid_id = (sorted_col(c, np.int32) for c in ("name_id", "cat_id", "tid_id"))
     # Only communication candidates' args are ever read (ARG_KEYS of them); the input goes after this.
-    cand = np.fromiter(map(_may_need_args, cols.names), bool, len(cols.names))
+    kinds = cols.kinds if cols.kinds is not None else np.fromiter(map(_args_kind, cols.names), np.int8, len(cols.names))
+    cand = kinds == 1
     sorted_idx = np.flatnonzero(cand[name_id]) if len(cols.names) else np.zeros(0, np.int64)
     arg_row = np.full(len(ts), -1, np.int32)
     arg_seq = np.full(len(ts), -1, np.int64)
     arg_corr = np.full(len(ts), -1, np.int64)
     arg_row[sorted_idx], dicts, arg_seq[sorted_idx], arg_corr[sorted_idx] = cols.args(order[sorted_idx])
+    # Kernel launches: only their correlation id (they are as many as kernels; no args subset).
+    launch_idx = np.flatnonzero((kinds == 2)[name_id]) if len(cols.names) else np.zeros(0, np.int64)
+    if len(launch_idx):
+        arg_corr[launch_idx] = cols.corr(order[launch_idx]) if cols.corr else cols.args(order[launch_idx])[3]
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq, arg_corr,
                  cols.base_ns, dist, meta, cols.nbytes)
 
 
 # Names whose events' args are kept: communication candidates (their collective, group, size,
-# Seq), every kernel-launch and graph-launch runtime call (their correlation id: cudaLaunchKernel,
-# cuLaunchKernel, hipLaunchKernel, hipExtLaunchKernel, cudaGraphLaunch, hipGraphLaunch, ...), and
-# the kernel families of classify's table (analyzers/comm_kernels.toml).
+# Seq, correlation) and the kernel families of classify's table (analyzers/comm_kernels.toml).
+# Kernel-launch and graph-launch runtime calls (cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel,
+# hipExtLaunchKernel, cudaGraphLaunch, hipGraphLaunch, ...) keep only their correlation id.
 _HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall", "broadcast", "barrier", "send",
           "recv", "deep_ep", "mscclpp", "dda", "commprobe/comm", "record_param_comms", "c10d", "gloo:", "mpi:", "ucc:",
-          "lamport", "launch", "dispatch", "combine", "notify", "nvshmem", "mori", "symm_mem", "multimem")
+          "lamport", "dispatch", "combine", "notify", "nvshmem", "mori", "symm_mem", "multimem")
+_ARG_HINTS = _HINTS
 
 
 def _hashable(v):
@@ -382,9 +410,13 @@ def _unhashable(v):
     return [_unhashable(x) for x in v] if isinstance(v, tuple) else v
 
 
-def _may_need_args(name: str) -> bool:
+_LAUNCH = "launch"  # cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel, cudaGraphLaunch, hipGraphLaunch, ...
+
+
+def _args_kind(name: str) -> int:
+    """1: a communication candidate (args read); 2: a kernel or graph launch (correlation only); 0."""
     low = name.lower()
-    return any(h in low for h in _HINTS)
+    return 1 if any(h in low for h in _ARG_HINTS) else 2 if _LAUNCH in low else 0
 
 
 _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")

@@ -12,6 +12,7 @@
  * which names the problem; so this file only has to be right on the happy path and strict
  * elsewhere.
  */
+#define _GNU_SOURCE /* memmem */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ typedef struct {
     int32_t *name, *cat, *tid;
     int64_t *args_off; /* into args, -1: not kept */
     int32_t *args_len;
+    int64_t *corr; /* args "correlation" of events of flagged names (launches, candidates), else -1 */
     table_t names, cats, tids;
     arena_t args, dist, meta;
     int64_t base_ns;
@@ -223,21 +225,32 @@ static int64_t arena_put(arena_t *a, const void *p, int64_t n) {
     return a->n - n;
 }
 
+/* 1: a plain hint occurs in the name (its events' args are kept); 2: only a '#'-prefixed hint
+ * does (kernel launches: only their args' "correlation" number is kept, in its own column); 0. */
 static int has_hint(scan_t *s, const unsigned char *p, int32_t n) {
+    int found = 0;
     for (int32_t h = 0; h < s->nhints; h++) {
-        size_t k = strlen(s->hints[h]);
+        const char *hint = s->hints[h];
+        int corr_only = hint[0] == '#';
+        if (corr_only) hint++;
+        if (corr_only && found) continue;
+        size_t k = strlen(hint);
         for (int32_t i = 0; i + (int32_t)k <= n; i++) {
             size_t j = 0;
             while (j < k) {
                 unsigned char ch = p[i + j];
                 if (ch >= 'A' && ch <= 'Z') ch = (unsigned char)(ch - 'A' + 'a');
-                if (ch != (unsigned char)s->hints[h][j]) break;
+                if (ch != (unsigned char)hint[j]) break;
                 j++;
             }
-            if (j == k) return 1;
+            if (j == k) {
+                if (!corr_only) return 1;
+                found = 2;
+                break;
+            }
         }
     }
-    return 0;
+    return found;
 }
 
 /* The id of raw token p[0..n) in t, added (bytes copied) when new. */
@@ -274,7 +287,7 @@ static int32_t intern(scan_t *s, table_t *t, const unsigned char *p, int32_t n, 
     t->off[t->n] = off;
     t->len[t->n] = n;
     t->hash[t->n] = h;
-    t->flag[t->n] = (uint8_t)(flag && has_hint(s, p, n));
+    t->flag[t->n] = (uint8_t)(flag ? has_hint(s, p, n) : 0);
     t->slot[j] = (int32_t)(t->n + 1);
     return (int32_t)t->n++;
 }
@@ -284,7 +297,7 @@ static int reserve(scan_t *s) {
     int64_t cap = s->cap ? s->cap * 2 : 4096;
     if (grow((void **)&s->ts, cap, 8) || grow((void **)&s->dur, cap, 8) || grow((void **)&s->name, cap, 4) ||
         grow((void **)&s->cat, cap, 4) || grow((void **)&s->tid, cap, 4) || grow((void **)&s->args_off, cap, 8) ||
-        grow((void **)&s->args_len, cap, 4))
+        grow((void **)&s->args_len, cap, 4) || grow((void **)&s->corr, cap, 8))
         return -1;
     s->cap = cap;
     return 0;
@@ -292,6 +305,33 @@ static int reserve(scan_t *s) {
 
 static inline int key_is(const unsigned char *k, int32_t n, const char *lit) {
     return (size_t)n == strlen(lit) && !memcmp(k, lit, (size_t)n);
+}
+
+/* A kernel launch's "correlation" number from its raw args object (`"correlation": N`, N a
+ * non-negative integer of at most 18 digits), else -1. A plain search, not a parse: launches are
+ * as many as kernels and their args are three numbers; a match preceded by a backslash is inside
+ * a string and does not count. */
+static int64_t find_correlation(const unsigned char *a, int32_t n) {
+    static const char key[] = "\"correlation\"";
+    const size_t kn = sizeof key - 1;
+    const unsigned char *p = a, *e = a + n;
+    while (p < e) {
+        const unsigned char *q = memmem(p, (size_t)(e - p), key, kn);
+        if (!q) return -1;
+        p = q + kn;
+        if (q > a && q[-1] == '\\') continue;
+        while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (p >= e || *p != ':') continue;
+        p++;
+        while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        int64_t x = 0;
+        int digits = 0;
+        while (p < e && *p >= '0' && *p <= '9' && digits <= 18) { x = x * 10 + (*p - '0'); p++; digits++; }
+        if (digits == 0 || digits > 18 || (p < e && *p != ',' && *p != '}' && *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t'))
+            return -1;
+        return x;
+    }
+    return -1;
 }
 
 /* One event object; appends a row when its ph is "X". Fields are read only when typed as the
@@ -358,7 +398,9 @@ static int event(cur_t *c) {
     s->tid[i] = tid;
     s->args_off[i] = -1;
     s->args_len[i] = 0;
-    if (args && s->names.flag[name]) {
+    s->corr[i] = -1;
+    if (args && s->names.flag[name]) s->corr[i] = find_correlation(args, args_len);
+    if (args && s->names.flag[name] == 1) {
         int64_t off = arena_put(&s->args, args, args_len);
         if (off < 0) FAIL(c, 3);
         s->args_off[i] = off;
@@ -399,7 +441,7 @@ scan_t *scan_open(const char *const *hints, int32_t nhints) {
 
 void scan_close(scan_t *s) {
     if (!s) return;
-    free(s->ts); free(s->dur); free(s->name); free(s->cat); free(s->tid); free(s->args_off); free(s->args_len);
+    free(s->ts); free(s->dur); free(s->name); free(s->cat); free(s->tid); free(s->args_off); free(s->args_len); free(s->corr);
     table_release(&s->names);
     table_release(&s->cats);
     table_release(&s->tids);
@@ -500,17 +542,17 @@ int32_t scan_error(scan_t *s) { return s->err ? s->err : (s->found ? 0 : 4); }
 int64_t scan_rows(scan_t *s) { return s->n; }
 int64_t scan_base_ns(scan_t *s) { return s->base_ns; }
 
-/* Columns: 0 ts, 1 dur, 2 name, 3 cat, 4 tid, 5 args_off, 6 args_len. */
+/* Columns: 0 ts, 1 dur, 2 name, 3 cat, 4 tid, 5 args_off, 6 args_len, 7 corr. */
 void *scan_column(scan_t *s, int32_t which) {
-    void *cols[7] = {s->ts, s->dur, s->name, s->cat, s->tid, s->args_off, s->args_len};
-    return which >= 0 && which < 7 ? cols[which] : NULL;
+    void *cols[8] = {s->ts, s->dur, s->name, s->cat, s->tid, s->args_off, s->args_len, s->corr};
+    return which >= 0 && which < 8 ? cols[which] : NULL;
 }
 
 /* Free one column as soon as the caller has copied it. */
 void scan_drop_column(scan_t *s, int32_t which) {
-    void **cols[7] = {(void **)&s->ts, (void **)&s->dur, (void **)&s->name, (void **)&s->cat, (void **)&s->tid,
-                      (void **)&s->args_off, (void **)&s->args_len};
-    if (which >= 0 && which < 7) { free(*cols[which]); *cols[which] = NULL; }
+    void **cols[8] = {(void **)&s->ts, (void **)&s->dur, (void **)&s->name, (void **)&s->cat, (void **)&s->tid,
+                      (void **)&s->args_off, (void **)&s->args_len, (void **)&s->corr};
+    if (which >= 0 && which < 8) { free(*cols[which]); *cols[which] = NULL; }
 }
 
 /* String tables: 0 names, 1 cats, 2 tids; their size, each entry's (offset, length) in bytes. */
@@ -521,6 +563,9 @@ int64_t scan_table(scan_t *s, int32_t which, int64_t **off, int32_t **len, char 
     *bytes = t->bytes.p;
     return t->n;
 }
+
+/* Per name (table 0), what its hints said: 0 none, 1 args kept, 2 correlation only. */
+uint8_t *scan_name_flags(scan_t *s) { return s->names.flag; }
 
 /* Raw arenas: 0 args, 1 distributedInfo, 2 commprobe (length -1: absent). */
 char *scan_arena(scan_t *s, int32_t which, int64_t *len) {
