@@ -103,7 +103,7 @@ _KERNEL_RULES, _COMM_HINTS = _kernel_table()
 _CPU_OP = re.compile(r"^(?:c10d|c10d_functional|_c10d_functional)::(\w+)|^(?:nccl|gloo|mpi|ucc|dda):(\w+)")
 _OWN_SPAN = re.compile(r"^commprobe/comm/(\w+)/(\w+)/bytes=(\d+)(?:/dtype=(\w+))?(?:/group=(\d+))?(?:/backend=(\w+))?")
 # Window annotations (phases.py): markers, not work.
-_PHASE = re.compile(r"^commprobe/(prefill|decode)\b|^ProfilerStep#\d+|^execute_context_\d|^execute_new_\d")
+_PHASE = re.compile(r"^commprobe/(prefill|decode)\b|^ProfilerStep#\d+|^execute_context_\d|^execute_new_\d|^step\[|^(?:\[Executor\] )?_forward_step")
 _KERNEL_OP_NAMES = {"allreduce": "allreduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
                     "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "send": "send_recv",
                     "recv": "send_recv", "alltoall": "all_to_all"}

@@ -14,11 +14,23 @@ that start like a rule's but do not parse are counted (`malformed`), never guess
   scheduled requests and already-running ones. New only: prefill; both: mixed; cached only is
   phase `cached`, because a running request may still be in a chunked prefill: the annotation
   cannot tell decode from a later prefill chunk.
+- `sglang`: `step[decode bs=N]`, `step[prefill bs=N toks=T]`, `step[mixed bs=N ext=T dec=D]`,
+  `step[idle]`, `step[<MODE> bs=N]` (speculative modes: TARGET_VERIFY, DRAFT_EXTEND_V2, ...), with
+  optional extra `key=value` fields (roofline annotations) before the `]`; sgl-project/sglang
+  python/sglang/srt/model_executor/model_runner.py `_build_step_span_name` (PR #23419, and
+  #24911 for the extra fields). Phases prefill, decode, mixed; other modes by their name.
+- `trtllm`: TensorRT-LLM's PyTorch executor wraps each step in `[Executor] _forward_step {iter}:
+  {N} ctx reqs, {M} gen reqs` (older: without the iteration, or without `[Executor] `);
+  NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/py_executor.py `_forward_step`. It is an
+  NVTX range: present in Nsight exports, and in Kineto traces only where NVTX is recorded.
+  Context only: prefill; generation only: decode; both: mixed.
 - `profiler-step`: `ProfilerStep#N` (torch.profiler's schedule; torchtitan, training loops): `step`.
 - `whole-trace`: nothing matched: one window, `trace`.
 
-SGLang's and TensorRT-LLM's step annotations are not recognised yet: their formats were not
-verified against their sources or a real trace, and a guessed phase is worse than none.
+vLLM v0's model runner (removed from vLLM in 2025) wrote no per-step annotation to recognise.
+None of these formats was checked against a real engine trace here (none is in ../shared/traces):
+the patterns follow the upstream sources named above, and a name that starts like a rule's but
+does not parse is counted, never guessed.
 """
 
 from __future__ import annotations
@@ -38,14 +50,35 @@ class PhaseRule:
     source: str
 
 
-def _vllm_context(m: re.Match) -> str:
-    ctx, gen = int(m.group(1)), int(m.group(3))
+def _ctx_gen(ctx: int, gen: int) -> str:
+    """A step of context (prefill) and generation (decode) requests: prefill, decode or mixed."""
     return "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle-step"
+
+
+def _vllm_context(m: re.Match) -> str:
+    return _ctx_gen(int(m.group(1)), int(m.group(3)))
 
 
 def _vllm_new_cached(m: re.Match) -> str:
     new, cached = int(m.group(1)), int(m.group(2))
     return "mixed" if new and cached else "prefill" if new else "cached" if cached else "idle-step"
+
+
+def _sglang_phase(m: re.Match) -> str:
+    mode = m.group(1)
+    return {"prefill": "prefill", "decode": "decode", "mixed": "mixed", "idle": "idle-step"}.get(mode, mode.lower())
+
+
+_SGLANG_FIELDS = {"bs": "requests", "toks": "prefill_tokens", "ext": "prefill_tokens", "dec": "decode_tokens"}
+
+
+def _sglang_counts(m: re.Match) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for field in (m.group(2) or "").split():
+        k, _, v = field.partition("=")
+        if k in _SGLANG_FIELDS and v.isdigit():
+            out[_SGLANG_FIELDS[k]] = out.get(_SGLANG_FIELDS[k], 0) + int(v)
+    return out
 
 
 RULES = (
@@ -59,6 +92,14 @@ RULES = (
     PhaseRule("vllm-v1-new-cached", ("execute_new_",), re.compile(r"^execute_new_(\d+)_cached_(\d+)$"), _vllm_new_cached,
               lambda m: {"new_requests": int(m.group(1)), "cached_requests": int(m.group(2))},
               "vllm-project/vllm vllm/v1/worker/gpu_worker.py Worker.annotate_profile (older releases)"),
+    PhaseRule("sglang", ("step[",), re.compile(r"^step\[(prefill|decode|mixed|idle|[A-Z][A-Z0-9_]*)((?: [a-z_]+=[0-9.]+)*)\]$"),
+              _sglang_phase, _sglang_counts,
+              "sgl-project/sglang python/sglang/srt/model_executor/model_runner.py _build_step_span_name"),
+    PhaseRule("trtllm", ("[Executor] _forward_step", "_forward_step"),
+              re.compile(r"^(?:\[Executor\] )?_forward_step(?: \d+)?: (\d+) ctx reqs, (\d+) gen reqs$"),
+              lambda m: _ctx_gen(int(m.group(1)), int(m.group(2))),
+              lambda m: {"context_requests": int(m.group(1)), "generation_requests": int(m.group(2))},
+              "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/py_executor.py _forward_step"),
     PhaseRule("profiler-step", ("ProfilerStep#",), re.compile(r"^ProfilerStep#\d+$"), lambda m: "step", lambda m: {},
               "torch.profiler schedule (torch/profiler/profiler.py)"),
 )

@@ -12,7 +12,7 @@ AXIS_OF = {"tp_allreduce": "tp", "cp_ring": "cp", "ep_all_to_all": "ep", "other_
 LABEL = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention", "ep_all_to_all": "EP all-to-all",
          "other_comm": "other communication", "compute": "compute", "memcpy": "memcpy", "other": "other"}
 IDLE_BOUND = 0.5  # a device idle more than this share of a phase is host/launch-bound
-PHASE_ORDER = ("prefill", "decode", "mixed", "cached", "step", "trace")
+PHASE_ORDER = ("prefill", "decode", "mixed", "cached", "idle-step", "step", "trace")
 
 
 def axis_note(cat: str, provenance: dict) -> str:

@@ -228,3 +228,36 @@ def test_real_dlrm_set_is_all_to_all_and_ddp_allreduce(shared_traces):
     assert [x["times_last"] for x in r["collectives"]["ranks"]] == [0, 0, 0, 0, 1, 2, 0, 5]
     assert r["phases"]["step"]["exposed_share"]["cp_ring"] == 0 and r["phases"]["step"]["exposed_share"]["tp_allreduce"] == 0
     assert not any("pass-KV" in x or "DDA" in x for x in r["phases"]["step"]["recommendations"])
+
+
+def test_sglang_step_spans_are_phases(tmp_path, reader):
+    """SGLang's ModelRunner.forward spans (model_runner.py _build_step_span_name): prefill, decode,
+    mixed and other modes; extra roofline fields allowed; a malformed one counted."""
+    steps = [("step[prefill bs=2 toks=300]", 0, 1000), ("step[decode bs=2]", 2000, 200), ("step[decode bs=2 sk=310]", 3000, 200),
+             ("step[mixed bs=3 ext=50 dec=2]", 4000, 400), ("step[TARGET_VERIFY bs=2]", 5000, 100), ("step[idle]", 6000, 50)]
+    e = [ev("step[decode bs=two]", 7000, 10, HOST, "user_annotation")]
+    for name, t0, dur in steps:
+        e += [ev(name, t0, dur, HOST, "user_annotation"), ev("gemm_kernel", t0, dur // 2, STREAM, "kernel")]
+    r = analyze(write(tmp_path / "t.json.gz", e))
+    rule = r["ranks"][0]["phase_rule"]
+    assert rule["rule"] == "sglang" and rule["malformed"] == 1 and "model_runner.py" in rule["source"]
+    assert rule["engine_steps"] == {"prefill": {"steps": 1, "requests": 2, "prefill_tokens": 300},
+                                    "decode": {"steps": 2, "requests": 4},
+                                    "mixed": {"steps": 1, "requests": 3, "prefill_tokens": 50, "decode_tokens": 2},
+                                    "target_verify": {"steps": 1, "requests": 2}, "idle-step": {"steps": 1}}
+    ph = r["ranks"][0]["phases"]
+    assert {p: ph[p]["e2e_us"] for p in ph} == {"prefill": 1000, "decode": 400, "mixed": 400, "target_verify": 100,
+                                                "idle-step": 50}
+    assert ph["decode"]["categories"]["compute"]["exposed_us"] == 200
+
+
+def test_tensorrt_llm_forward_steps_are_phases(tmp_path, reader):
+    """TensorRT-LLM's py_executor.py `_forward_step` range, with and without the iteration."""
+    steps = [("[Executor] _forward_step 1: 2 ctx reqs, 0 gen reqs", 0, 800), ("[Executor] _forward_step 2: 0 ctx reqs, 2 gen reqs", 1000, 100),
+             ("_forward_step: 1 ctx reqs, 1 gen reqs", 2000, 300)]
+    e = [ev(n, t0, d, HOST, "user_annotation") for n, t0, d in steps] + [ev("gemm_kernel", 0, 50, STREAM, "kernel")]
+    r = analyze(write(tmp_path / "t.json.gz", e))
+    rule = r["ranks"][0]["phase_rule"]
+    assert rule["rule"] == "trtllm" and "py_executor.py" in rule["source"]
+    assert {p: v["e2e_us"] for p, v in r["ranks"][0]["phases"].items()} == {"prefill": 800, "decode": 100, "mixed": 300}
+    assert rule["engine_steps"]["mixed"] == {"steps": 1, "context_requests": 1, "generation_requests": 1}
