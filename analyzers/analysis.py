@@ -22,6 +22,7 @@ from . import collectives as coll
 from .attribution import rank_breakdown
 from .classify import CATEGORIES, classify, load_rules
 from .graphs import graph_facts
+from .links import link_kernels_to_host_ops  # noqa: F401  (imported with the analysis, not inside the first classify)
 from .trace import TraceError, iter_traces
 from .verdict import COMM_CATS, phase_summary
 

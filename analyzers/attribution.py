@@ -45,8 +45,10 @@ def windows(trace: Trace, tl: Timeline) -> tuple[dict[str, list[tuple[float, flo
     rule (phases.py) with annotations on this rank, their device copies when the trace has them."""
     dev = trace.is_device()
     sides = (True, False) if tl.device else (False,)
+    starts = tuple(p for rule in RULES for p in rule.prefix)
+    candidates = [i for i, n in enumerate(trace.names) if n.startswith(starts)]
     for rule in RULES:
-        parsed = {i: rule.pattern.match(n) for i, n in enumerate(trace.names) if n.startswith(rule.prefix)}
+        parsed = {i: rule.pattern.match(trace.names[i]) for i in candidates if trace.names[i].startswith(rule.prefix)}
         good = {i: m for i, m in parsed.items() if m}
         if not good:
             continue
@@ -57,18 +59,22 @@ def windows(trace: Trace, tl: Timeline) -> tuple[dict[str, list[tuple[float, flo
                 continue
             out: dict[str, list] = {}
             steps: dict[str, dict] = {}
-            for i in idx.tolist():
-                m = good[int(trace.name_id[i])]
+            ids = trace.name_id[idx]
+            for nid in np.unique(ids).tolist():  # per distinct annotation, not per window
+                m = good[nid]
                 ph = rule.phase_of(m)
-                out.setdefault(ph, []).append((float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])))
+                sel = idx[ids == nid]
+                out.setdefault(ph, []).extend(zip(trace.ts[sel].tolist(), (trace.ts[sel] + trace.dur[sel]).tolist()))
                 st = steps.setdefault(ph, {"steps": 0})
-                st["steps"] += 1
+                st["steps"] += len(sel)
                 for k, v in rule.counts(m).items():
-                    st[k] = st.get(k, 0) + v
+                    st[k] = st.get(k, 0) + v * len(sel)
+            for spans in out.values():
+                spans.sort()
             bad = [i for i, m in parsed.items() if m is None]
             malformed = int((np.isin(trace.name_id, bad) & side).sum()) if bad else 0
             info = {"rule": rule.name, "source": rule.source, "malformed": malformed}
-            if rule.name != "commprobe" and rule.name != "profiler-step":
+            if rule.name not in ("commprobe", "profiler-step"):
                 info["engine_steps"] = steps
             return out, info
     if not tl.mask.any():

@@ -180,9 +180,16 @@ def load_rules(path: str | Path) -> list[Rule]:
 
 
 def classify_name(name: str, cat: str, rules: list[Rule] = ()) -> NameClass:
+    """The class of every event with this name and category. The ranks of a run share their names:
+    without user rules, each distinct (name, category) is classified once per process."""
     for r in rules:
         if r.pattern.search(name):
             return NameClass(r.category, r.op, r.axis)
+    return _builtin_class(name, cat)
+
+
+@lru_cache(maxsize=1 << 16)
+def _builtin_class(name: str, cat: str) -> NameClass:  # callers never mutate the result
     if _PHASE.match(name) or cat in ("python_function", "Trace", "gpu_user_annotation", "ac2g", "fwdbwd"):
         return NameClass(MARKER)
     m = _OWN_SPAN.match(name)

@@ -34,7 +34,7 @@ def hwm():  # peak RSS of this process image (VmHWM resets at exec, unlike ru_ma
 
 OURS = HWM.replace("{", "{{").replace("}", "}}") + """
 import sys, time, json
-sys.path.insert(0, {root!r})
+sys.path.insert(0, {root!r})  # a checkout; commprobe.* must be installed (pip install --no-deps -e .)
 t = time.perf_counter()
 from commprobe.analyzers.analysis import analyze
 from commprobe.analyzers.attribution import comm_comp_overlap, step_windows
