@@ -28,7 +28,7 @@ def graph_facts(trace: Trace) -> dict:
     launches = _named(trace, low, "graphlaunch")
     capture = _named(trace, low, "streambegincapture", "streamendcapture", "graphinstantiate")
     work = np.array([c in DEVICE_WORK for c in trace.cats], bool)[trace.cat_id] if trace.cats else np.zeros(0, bool)
-    kernels = np.sort(trace.ts[work])
+    kernels = trace.ts[work]  # the trace's events are sorted by start
     empty = 0
     if len(launches):
         t = np.sort(trace.ts[launches])

@@ -27,7 +27,8 @@ that start like a rule's but do not parse are counted (`malformed`), never guess
 - `profiler-step`: `ProfilerStep#N` (torch.profiler's schedule; torchtitan, training loops): `step`.
 - `whole-trace`: nothing matched: one window, `trace`.
 
-vLLM v0's model runner (removed from vLLM in 2025) wrote no per-step annotation to recognise.
+vLLM v0's model runner (removed from vLLM in 2025) is not covered: no step annotation of it
+was found.
 None of these formats was checked against a real engine trace here (none is in ../shared/traces):
 the patterns follow the upstream sources named above, and a name that starts like a rule's but
 does not parse is counted, never guessed.
