@@ -45,7 +45,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     path = Path(path)
     if not 0 < threshold < 1:
         raise TraceError(f"threshold must be between 0 and 1, got {threshold}")
-    manifest = single_manifest(path) if path.exists() else None
+    manifest = single_manifest(path)
     rules = load_rules(rules_file) if rules_file else []
     ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
     links: dict[str, int] = {}
@@ -156,7 +156,11 @@ def analyze_backends(path: str | Path) -> dict[str, dict] | None:
 def load_result(path: str | Path) -> dict:
     """An analysis JSON file, or anything `analyze` accepts."""
     p = Path(path)
-    if p.is_file() and p.suffix == ".json":
+    try:
+        is_json = p.suffix == ".json" and p.is_file()
+    except OSError:  # unreadable: analyze() names the problem in one line
+        is_json = False
+    if is_json:
         try:
             doc = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):

@@ -281,8 +281,8 @@ def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None
         size = _input_bytes(args)
     group = args.get("Process Group Name")
     gsize = args.get("Group size") or 0
-    return (op, axis, size, (str(group) if group is not None else None), int(gsize) if isinstance(gsize, int) else 0,
-            src)
+    gsize = gsize if gsize.__class__ is int and 0 < gsize < 1 << 31 else 0  # a count of ranks, or unknown
+    return op, axis, size, (str(group) if group is not None else None), gsize, src
 
 
 def _codes(keys: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:

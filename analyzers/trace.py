@@ -14,8 +14,10 @@ Bad input raises TraceError with one line that names the file and the problem.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -137,7 +139,10 @@ def _open_checked(path: Path, streamed: bool = False):
     if size == 0:
         raise TraceError(f"{path}: empty file")
     limit = max_trace_bytes(streamed)
-    f = open(path, "rb", buffering=0)  # unbuffered: readall() sizes its buffer once (a buffered
+    try:
+        f = open(path, "rb", buffering=0)
+    except OSError as e:  # permission denied, a file removed meanwhile
+        raise TraceError(f"{path}: cannot read ({e.strerror})") from None  # unbuffered: readall() sizes its buffer once (a buffered
     gz = f.read(2) == b"\x1f\x8b"     # read after a seek grows it, twice the file at peak)
     if gz:
         # ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a cheap first guard.
@@ -171,10 +176,16 @@ def _iter_chunks(path: Path):
                 yield piece
             return
         d, total = _inflate.decompressobj(wbits=31), 0  # gzip framing, CRC checked in C
-        while not d.eof:
-            raw = d.unconsumed_tail or f.read(1 << 20)
-            if not raw:
-                raise _gzip_error(path, "stream ends early")
+        while True:
+            if d.eof:  # members follow one another (pigz, bgzip, cat a.gz b.gz): read them all
+                rest = d.unused_data + f.read(1 << 20) if d.unused_data else f.read(1 << 20)
+                if not rest.strip(b"\0"):  # end of file (or the zero padding some tools add)
+                    return
+                d, raw = _inflate.decompressobj(wbits=31), rest
+            else:
+                raw = d.unconsumed_tail or f.read(1 << 20)
+                if not raw:
+                    raise _gzip_error(path, "stream ends early")
             try:
                 out = d.decompress(raw, CHUNK)
             except (zlib.error, _inflate.error) as e:
@@ -190,14 +201,11 @@ def _read_bytes(path: Path) -> bytes:
     """The whole uncompressed trace at once (the msgspec path)."""
     f, gz, limit = _open_checked(path)
     with f:
-        if gz:
-            d = _inflate.decompressobj(wbits=31)
-            try:
-                data = d.decompress(f.read(), limit + 1)
-            except (zlib.error, _inflate.error) as e:
-                raise _gzip_error(path, e) from None
-            if not d.eof and len(data) <= limit:
-                raise _gzip_error(path, "stream ends early")
+        if gz:  # every member, never more than the limit in memory
+            data = bytearray()
+            for piece in _iter_chunks(path):
+                data += piece
+            data = bytes(data)
         else:
             data = f.readall()
     if len(data) > limit:
@@ -207,9 +215,20 @@ def _read_bytes(path: Path) -> bytes:
     return data
 
 
+def _decode_values(path: Path, raws: list[bytes]) -> list:
+    """Args values the scanner kept, decoded once each; JSON's rules: invalid UTF-8 or a number
+    beyond double's range (1e400) is invalid input, as it is for the msgspec path."""
+    try:
+        return msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else []
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        raise TraceError(f"{path}: invalid JSON in an event's args ({e})") from None
+
+
 def _decode_top(path: Path, data: bytes) -> _Trace:
     try:
         return msgspec.json.decode(data, type=_Trace)
+    except RecursionError:
+        raise TraceError(f"{path}: JSON nested too deeply to read") from None
     except msgspec.ValidationError as e:
         # A bare list of events is a valid Chrome trace too.
         try:
@@ -241,7 +260,7 @@ CORR_KEY = "correlation"  # links a kernel to the runtime call that launched it 
 
 def _int_column(values: list) -> np.ndarray:
     """Non-negative integers as int64, -1 where absent or not an integer."""
-    return np.fromiter((v if v.__class__ is int and v >= 0 else -1 for v in values), np.int64, len(values))
+    return np.fromiter((v if v.__class__ is int and 0 <= v < 1 << 63 else -1 for v in values), np.int64, len(values))
 
 
 def _pick(ids: np.ndarray, column: np.ndarray) -> np.ndarray:
@@ -302,7 +321,7 @@ def _columns_native(path: Path) -> _Columns | None:
             more, raws2 = native.args_fields(raw_args, args_off[idx[need]], args_len[idx[need]], INPUT_KEYS)
             ids[need, len(BASE_KEYS):len(ARG_KEYS)] = np.where(more >= 0, more + len(raws), -1)
             raws = raws + raws2
-        values = msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else []
+        values = _decode_values(path, raws)
         ints = _int_column(values)
         rows, inverse = np.unique(ids[:, :-1], axis=0, return_inverse=True)
         dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
@@ -327,7 +346,7 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
 
     def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]:
         raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
-        decoded = [a if isinstance(a, dict) else {} for a in (msgspec.json.decode(b"[" + b",".join(raws) + b"]") if raws else [])]
+        decoded = [a if isinstance(a, dict) else {} for a in _decode_values(path, raws)]
         table: dict[tuple, int] = {}
         rows = np.fromiter((table.setdefault(tuple((k, _hashable(a[k])) for k in (ARG_KEYS if _needs_inputs(
             a.__contains__) else BASE_KEYS) if k in a), len(table)) for a in decoded), np.int32, len(decoded))
@@ -438,11 +457,22 @@ def _trace_files(d: Path) -> list[Path]:
 def trace_files(path: str | Path) -> list[Path]:
     """The trace files `path` names: itself, or the rank traces in a directory."""
     path = Path(path)
-    if not path.exists():
-        raise TraceError(f"{path}: no such file or directory")
-    if path.is_file():
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise TraceError(f"{path}: a symbolic link loop") from None
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise TraceError(f"{path}: no such file or directory") from None
+        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+    if stat.S_ISREG(mode):
         return [path]
-    files = _trace_files(path)
+    if not stat.S_ISDIR(mode):
+        raise TraceError(f"{path}: not a regular file or a directory (a FIFO, device or socket)")
+    try:
+        files = _trace_files(path)
+    except OSError as e:
+        raise TraceError(f"{path}: cannot list ({e.strerror})") from None
     if not files:
         raise TraceError(f"{path}: no traces (*.json or *.json.gz) in this directory")
     return files
@@ -459,6 +489,9 @@ def iter_traces(path: str | Path):
             raise TraceError(f"{path}: mixed traces: rank {t.rank} appears in more than one file")
         seen[t.rank] = t.path
         if isinstance(t.distributed, dict) and t.distributed.get("world_size") is not None:
+            if t.distributed["world_size"].__class__ is not int:
+                raise TraceError(f"{f}: distributedInfo.world_size is not an integer "
+                                 f"({str(t.distributed['world_size'])[:40]!r})")
             worlds.add(t.distributed["world_size"])
             if len(worlds) > 1:
                 raise TraceError(f"{path}: mixed traces: world sizes {sorted(worlds)} in one directory")

@@ -139,6 +139,7 @@ static int number(cur_t *c, double *out, int *is_int) {
     memcpy(tmp, s, n);
     tmp[n] = 0;
     *out = strtod(tmp, NULL);
+    if (*out - *out != 0) FAIL(c, 2); /* 1e400: not a finite number, invalid input (msgspec names it) */
     return 0;
 }
 

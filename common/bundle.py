@@ -61,9 +61,13 @@ def read_json(path: Path, what: str = "JSON") -> dict:
 
 
 def read_manifest(path: Path) -> dict | None:
-    """A bundle directory's manifest, or None when `path` is not a bundle directory."""
-    m = path / MANIFEST if path.is_dir() else None
-    if m is None or not m.exists():
+    """A bundle directory's manifest, or None when `path` is not a bundle directory (or cannot be
+    looked into: the trace reader then says why, in one line)."""
+    m = path / MANIFEST
+    try:
+        if not path.is_dir() or not m.exists():
+            return None
+    except OSError:  # permission denied on a parent, a loop: not for us to name here
         return None
     return read_json(m, "manifest")
 
