@@ -29,8 +29,10 @@ def run_sweep(cfg: SweepConfig, world: int, *, timeout: float, workdir: Path,
     backend = process_group_backend(cfg.backends)
     before = _peer_files()
     try:
+        # capture_output: a peer library's log lines (DeepSpeed prints on stdout) go to the ranks'
+        # logs, so `--json` stdout stays one JSON document
         return launch(sweep_rank, world, (cfg,), backend=backend, timeout=timeout, on_poll=on_poll,
-                      workdir=workdir)[0]
+                      workdir=workdir, capture_output=True)[0]
     finally:
         for f in _peer_files() - before:
             f.unlink(missing_ok=True)
@@ -42,4 +44,4 @@ def run_time_sharing(cfg, world: int, *, timeout: float, workdir: Path,
     from .timeshare import time_share_rank
 
     return launch(time_share_rank, world, (cfg,), backend="gloo", timeout=timeout, on_poll=on_poll,
-                  workdir=workdir)[0]
+                  workdir=workdir, capture_output=True)[0]
