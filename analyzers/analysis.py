@@ -19,11 +19,10 @@ import numpy as np
 from commprobe.common.bundle import read_manifest, single_manifest, sub_bundles, telemetry_path
 
 from . import collectives as coll
-from .attribution import rank_breakdown
-from .classify import CATEGORIES, classify, load_rules
-from .graphs import graph_facts
+from .classify import CATEGORIES, load_rules
 from .links import link_kernels_to_host_ops  # noqa: F401  (imported with the analysis, not inside the first classify)
-from .trace import TraceError, iter_traces
+from .ranks import map_ranks
+from .trace import RankSet, TraceError, trace_files
 from .verdict import COMM_CATS, phase_summary
 
 SCHEMA = "commprobe.analysis/1"
@@ -40,7 +39,9 @@ def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None
 
 
 def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
-            align: str = "base") -> dict:
+            align: str = "base", jobs: int = 1) -> dict:
+    """Map each rank's trace to a summary (ranks.py; `jobs` > 1: in that many worker processes),
+    then reduce across ranks. The result does not depend on `jobs`."""
     t0 = time.perf_counter()
     path = Path(path)
     if not 0 < threshold < 1:
@@ -50,19 +51,19 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
     links: dict[str, int] = {}
     graphs: dict[int, dict] = {}
-    for t in iter_traces(path):  # one rank in memory at a time
-        cls = classify(t, rules)
-        ranks.append(rank_breakdown(t, cls))
-        calls[t.rank] = coll.primary_calls(t, cls)
-        graphs[t.rank] = graph_facts(t)
-        for k, v in cls.links.items():
+    rank_set = RankSet(path)
+    for s in map_ranks(trace_files(path), rules, jobs):
+        rank_set.add(s.rank, s.path, s.distributed)
+        ranks.append(s.breakdown)
+        calls[s.rank] = s.calls
+        graphs[s.rank] = s.graphs
+        for k, v in s.links.items():
             links[k] = links.get(k, 0) + v
-        origins[t.rank] = t.origin_ns
-        files.append(t.path)
-        nbytes += t.uncompressed_bytes
-        for name, n in cls.unknown_names.items():
+        origins[s.rank] = s.origin_ns
+        files.append(s.path)
+        nbytes += s.uncompressed_bytes
+        for name, n in s.unknown_names.items():
             unknown[name] = unknown.get(name, 0) + n
-        del t, cls
     ranks.sort(key=lambda r: r["rank"])
     origin = min(origins.values())
     for r, cs in calls.items():  # one clock for the run: the earliest rank's base
@@ -146,14 +147,14 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict) -> None:
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 
 
-def analyze_backends(path: str | Path) -> dict[str, dict] | None:
+def analyze_backends(path: str | Path, jobs: int = 1) -> dict[str, dict] | None:
     """A bundle with one sub-bundle per backend: {backend: analysis}, in the run's order; else None."""
     p = Path(path)
     subs = sub_bundles(read_manifest(p))
-    return {b: analyze(p / d) for b, d in subs.items()} or None
+    return {b: analyze(p / d, jobs=jobs) for b, d in subs.items()} or None
 
 
-def load_result(path: str | Path) -> dict:
+def load_result(path: str | Path, jobs: int = 1) -> dict:
     """An analysis JSON file, or anything `analyze` accepts."""
     p = Path(path)
     try:
@@ -169,7 +170,7 @@ def load_result(path: str | Path) -> dict:
             if doc["schema"] != SCHEMA:
                 raise TraceError(f"{p}: analysis schema {doc['schema']} is not {SCHEMA}")
             return doc
-    return analyze(p)
+    return analyze(p, jobs=jobs)
 
 
 def compare(a: dict, b: dict) -> dict:

@@ -478,23 +478,33 @@ def trace_files(path: str | Path) -> list[Path]:
     return files
 
 
+class RankSet:
+    """The checks a directory of one run's traces must pass, fed one rank at a time: no rank twice,
+    one world size."""
+
+    def __init__(self, path: Path):
+        self.path, self.seen, self.worlds = path, {}, set()
+
+    def add(self, rank: int, file: str, distributed) -> None:
+        if rank in self.seen:
+            raise TraceError(f"{self.path}: mixed traces: rank {rank} appears in more than one file")
+        self.seen[rank] = file
+        if isinstance(distributed, dict) and distributed.get("world_size") is not None:
+            if distributed["world_size"].__class__ is not int:
+                raise TraceError(f"{file}: distributedInfo.world_size is not an integer "
+                                 f"({str(distributed['world_size'])[:40]!r})")
+            self.worlds.add(distributed["world_size"])
+            if len(self.worlds) > 1:
+                raise TraceError(f"{self.path}: mixed traces: world sizes {sorted(self.worlds)} in one directory")
+
+
 def iter_traces(path: str | Path):
     """Load one rank at a time (memory holds one trace, not the run), checking the set as it goes."""
     path = Path(path)
-    seen: dict[int, str] = {}
-    worlds: set = set()
+    ranks = RankSet(path)
     for f in trace_files(path):
         t = load_trace(f)
-        if t.rank in seen:
-            raise TraceError(f"{path}: mixed traces: rank {t.rank} appears in more than one file")
-        seen[t.rank] = t.path
-        if isinstance(t.distributed, dict) and t.distributed.get("world_size") is not None:
-            if t.distributed["world_size"].__class__ is not int:
-                raise TraceError(f"{f}: distributedInfo.world_size is not an integer "
-                                 f"({str(t.distributed['world_size'])[:40]!r})")
-            worlds.add(t.distributed["world_size"])
-            if len(worlds) > 1:
-                raise TraceError(f"{path}: mixed traces: world sizes {sorted(worlds)} in one directory")
+        ranks.add(t.rank, t.path, t.distributed)
         yield t
         del t  # not held while the next rank loads
 

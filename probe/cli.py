@@ -126,16 +126,20 @@ def analyze(
     threshold: float = typer.Option(0.2, help="Exposed-communication share above which a phase is communication-bound."),
     align: str = typer.Option("base", help="Clock alignment: base (baseTimeNanoseconds) or collective-end."),
     out_file: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    jobs: int = typer.Option(0, help="Ranks analyzed at once, each in its own process (0: the usable cores)."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
     import json
 
     from commprobe.analyzers.analysis import analyze as run_analysis
+    from commprobe.analyzers.ranks import default_jobs
     from commprobe.reports.terminal import render_analysis
 
     if align not in ("base", "collective-end"):
         fail(f"unknown --align {align!r} (base, collective-end)")
-    result = run_analysis(path, rules_file=rules, threshold=threshold, align=align)
+    if jobs < 0:
+        fail("--jobs must be >= 0")
+    result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=jobs or default_jobs())
     if out_file:
         from pathlib import Path
 
