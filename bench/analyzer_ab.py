@@ -77,7 +77,7 @@ def main() -> None:
             gen = tmp / "generated"
             generate(gen, 8, args.generate_mb / 8)
             paths.append(gen)
-        print(f"| input | MB | A s | B s | B/A time | A peak MB | B peak MB | B/A memory |\n|---|---|---|---|---|---|---|---|")
+        print("| input | MB | A s | B s | B/A time | A peak MB | B peak MB | B/A memory |\n|---|---|---|---|---|---|---|---|")
         for p in paths:
             runs = {"A": [], "B": []}
             for _ in range(args.rounds):

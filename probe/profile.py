@@ -137,6 +137,12 @@ def run_profile_torchrun(cfg: RunConfig, model_cfg: dict, *, pg_backend: str,
         if sampler is not None:
             sampler.__exit__(None, None, None)
         if manifests:
+            if status == "ok":  # every rank's host, and every host's telemetry file
+                hosts = {str(r.rank): r.host for r in results}
+                files = sorted({f"telemetry-{h}.jsonl" for h in hosts.values()})
+                for d, m in manifests.items():
+                    m["world"]["hosts"] = hosts
+                    m["telemetry_files"] = files if d == root else [f"../{f}" for f in files]
             _finish_manifests(manifests, status, error, sampler)
     if rank == 0:
         _write_timings(cfg, results)

@@ -23,6 +23,7 @@ import torch
 
 from commprobe.collectives.spans import span
 from commprobe.common.bundle import trace_name
+from commprobe.common.host import host_name
 
 from .faults import inject
 from .launch import report_progress
@@ -240,6 +241,7 @@ class RankResult:
     tokens: list[list[int]]
     local_param_bytes: int
     traces: dict[str, str]  # backend -> trace path
+    host: str = ""  # common.host.host_name() of the process that ran the rank
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -429,4 +431,4 @@ def run_rank(cfg: RunConfig) -> RankResult:
             if hasattr(c.inner, "close"):
                 c.inner.close()
     weights = local_param_bytes(getattr(model, "model", model))
-    return RankResult(rank, timings, profiled, tokens, weights, traces)
+    return RankResult(rank, timings, profiled, tokens, weights, traces, host_name())

@@ -215,3 +215,35 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path):
         pytest.skip("a GPU is present: --device cuda is valid here")
     r = run_cli("profile", *FAST, "--device", "cuda", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "sees no CUDA/ROCm device" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_two_torchrun_agents_as_two_hosts(tmp_path):
+    """torchrun --nnodes 2 with two agents on this machine (c10d rendezvous on 127.0.0.1) and
+    COMMPROBE_HOST naming each agent's host: one TP=2 run across two 'hosts' writes one telemetry
+    file per host, manifests that name every rank's host and file, full timings, and rank 0's table."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "commprobe-test",
+           "--no-python", sys.executable, "-m", "commprobe.probe.cli", "profile", *FAST, "--backend", "gloo",
+           "--out", str(out)]
+    agents = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "COMMPROBE_HOST": host}) for host in ("host-a", "host-b")]
+    try:
+        outs = [a.communicate(timeout=300) for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+    assert all(a.returncode == 0 for a in agents), [o[1][-1500:] for o in outs]
+    assert sum(o[0].count("Latency per rank") for o in outs) == 1  # rank 0's table, once
+    assert sorted(p.name for p in out.glob("telemetry-*.jsonl")) == ["telemetry-host-a.jsonl", "telemetry-host-b.jsonl"]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "ok" and sorted(m["world"]["hosts"].values()) == ["host-a", "host-b"]
+    assert m["telemetry_files"] == ["telemetry-host-a.jsonl", "telemetry-host-b.jsonl"]
+    assert m["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    assert len(json.loads((out / "timings.json").read_text())["ranks"]) == 2
