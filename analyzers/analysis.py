@@ -39,9 +39,10 @@ def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None
 
 
 def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
-            align: str = "base", jobs: int = 1) -> dict:
-    """Map each rank's trace to a summary (ranks.py; `jobs` > 1: in that many worker processes),
-    then reduce across ranks. The result does not depend on `jobs`."""
+            align: str = "base", jobs: int = 1, scheduler: str | None = None) -> dict:
+    """Map each rank's trace to a summary (ranks.py; `jobs` > 1: in that many worker processes;
+    `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
+    where the map ran."""
     t0 = time.perf_counter()
     path = Path(path)
     if not 0 < threshold < 1:
@@ -52,7 +53,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     links: dict[str, int] = {}
     graphs: dict[int, dict] = {}
     rank_set = RankSet(path)
-    for s in map_ranks(trace_files(path), rules, jobs):
+    for s in map_ranks(trace_files(path), rules, jobs, scheduler):
         rank_set.add(s.rank, s.path, s.distributed)
         ranks.append(s.breakdown)
         calls[s.rank] = s.calls

@@ -1,9 +1,10 @@
 """The per-rank *map* of an analysis: one trace in, a compact summary out (its per-phase
 breakdown, its collective calls as arrays, its graph facts and kernel-link counts, its unknown
 names), so that the cross-rank *reduce* (analysis.py: clocks, matching, straggler wait,
-verdicts) never holds a rank's event columns. The map runs in this process or, with
-`jobs > 1`, in a local pool of processes, one rank per task; results come back in file order,
-so the analysis is the same whatever the number of jobs.
+verdicts) never holds a rank's event columns. The map runs in this process, with
+`jobs > 1` in a local pool of processes, or on a Dask distributed cluster, one rank per task;
+results come back in file order, so the analysis is the same wherever the map ran. Dask
+because Nsight Systems' multi-report recipes use it and it already runs on SLURM and Kubernetes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from . import collectives as coll
 from .attribution import rank_breakdown
 from .classify import Rule, classify
 from .graphs import graph_facts
-from .trace import load_trace
+from .trace import TraceError, load_trace
 
 
 @dataclass
@@ -42,9 +43,13 @@ def summarize(file: str | Path, rules: list[Rule] = ()) -> RankSummary:
                        coll.primary_calls(t, cls), graph_facts(t), dict(cls.links), dict(cls.unknown_names))
 
 
-def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1):
-    """Summaries of `files`, in their order: in this process (one rank in memory at a time) or in
-    `jobs` worker processes. A worker's error (an unreadable trace) is raised here as it was."""
+def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1, scheduler: str | None = None):
+    """Summaries of `files`, in their order: in this process (one rank in memory at a time), in
+    `jobs` worker processes, or as tasks on the Dask cluster at `scheduler`. A worker's error (an
+    unreadable trace) is raised here as it was."""
+    if scheduler:
+        yield from _map_dask(files, rules, scheduler)
+        return
     jobs = max(1, min(jobs, len(files)))
     if jobs == 1:
         for f in files:
@@ -58,6 +63,38 @@ def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1):
         finally:
             for fut in futures:
                 fut.cancel()
+
+
+CONNECT_TIMEOUT_S = 8  # the whole command answers within 10 s
+
+
+def _map_dask(files: list[Path], rules: list[Rule], address: str):
+    """One task per rank on an existing Dask distributed cluster (dask-jobqueue on SLURM,
+    dask-kubernetes, or `dask scheduler` + `dask worker` by hand): each worker opens its trace from
+    the path (a filesystem the workers share) and only the summary travels back. A task whose
+    worker dies is retried once."""
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise TraceError("--scheduler needs Dask's distributed scheduler: pip install 'commprobe[cluster]'") from None
+    try:
+        client = Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise TraceError(f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_S} s "
+                         f"({type(e).__name__})") from None
+    with client:
+        futures = client.map(summarize, [str(Path(f).resolve()) for f in files], rules=list(rules), retries=1,
+                             pure=False)
+        try:
+            for f, fut in zip(files, futures):
+                try:
+                    yield fut.result()
+                except TraceError:
+                    raise
+                except Exception as e:  # KilledWorker after the retry, a worker that cannot import us
+                    raise TraceError(f"{f}: the Dask task failed twice ({type(e).__name__}: {e})") from None
+        finally:
+            client.cancel(futures)
 
 
 def default_jobs() -> int:

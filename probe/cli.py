@@ -127,6 +127,8 @@ def analyze(
     align: str = typer.Option("base", help="Clock alignment: base (baseTimeNanoseconds) or collective-end."),
     out_file: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
     jobs: int = typer.Option(0, help="Ranks analyzed at once, each in its own process (0: the usable cores)."),
+    scheduler: str | None = typer.Option(None, envvar="COMMPROBE_DASK_SCHEDULER",
+                                         help="A Dask scheduler (tcp://host:port): analyze the ranks on its cluster."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
     import json
@@ -139,7 +141,8 @@ def analyze(
         fail(f"unknown --align {align!r} (base, collective-end)")
     if jobs < 0:
         fail("--jobs must be >= 0")
-    result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=jobs or default_jobs())
+    result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=jobs or default_jobs(),
+                          scheduler=scheduler)
     if out_file:
         from pathlib import Path
 

@@ -58,3 +58,73 @@ def test_cli_jobs_and_a_bad_rank_named_in_one_line(tmp_path):
     r = run_cli("analyze", str(bad), "--jobs", "2")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "rank1.trace.json.gz" in lines[0] and "Traceback" not in r.stderr
+
+
+def _dask_cluster(tmp_path, workers: int = 2):
+    """A real local Dask cluster as a user starts one: `dask scheduler` and `dask worker` processes,
+    on 127.0.0.1 only, stopped by the caller."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    pytest = __import__("pytest")
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'commprobe[cluster]')")
+    dask = shutil.which("dask", path=os.path.dirname(sys.executable)) or shutil.which("dask")
+    if not dask:
+        pytest.skip("the dask command is not on PATH")
+    sched_file = tmp_path / "scheduler.json"
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                               "--scheduler-file", str(sched_file)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)]
+    deadline = time.time() + 60
+    while not sched_file.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    for _ in range(workers):
+        procs.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
+                                       "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path))
+    address = json.loads(sched_file.read_text())["address"]
+    from distributed import Client
+
+    with Client(address, timeout=30) as c:
+        c.wait_for_workers(workers, timeout=60)
+    return address, procs
+
+
+def _stop(procs) -> None:
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except Exception:
+            p.kill()
+
+
+def test_a_real_dask_cluster_gives_the_same_analysis(tmp_path):
+    d = _run(tmp_path)
+    address, procs = _dask_cluster(tmp_path)
+    try:
+        r = run_cli("analyze", str(d), "--json", "--scheduler", address)
+        assert r.returncode == 0, r.stderr
+        assert _strip(json.loads(r.stdout)) == _strip(analyze(d, jobs=1))
+        (tmp_path / "bad").mkdir()
+        bad = _run(tmp_path / "bad", bad="not a trace")
+        r = run_cli("analyze", str(bad), env={"COMMPROBE_DASK_SCHEDULER": address})
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "rank1.trace.json.gz" in lines[0], r.stderr
+    finally:
+        _stop(procs)
+
+
+def test_unreachable_scheduler_is_one_line_within_10_s(tmp_path):
+    import time
+
+    t = time.monotonic()
+    r = run_cli("analyze", str(_run(tmp_path)), "--scheduler", "tcp://127.0.0.1:9")
+    assert time.monotonic() - t < 10.5  # includes the interpreter's start
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "cannot reach the Dask scheduler" in lines[0], r.stderr
