@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import json
 
+import pytest
+
 from commprobe.analyzers.analysis import analyze
 from tests.conftest import run_cli
 
@@ -69,7 +71,7 @@ def _dask_cluster(tmp_path, workers: int = 2):
     import sys
     import time
 
-    pytest = __import__("pytest")
+
     pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'commprobe[cluster]')")
     dask = shutil.which("dask", path=os.path.dirname(sys.executable)) or shutil.which("dask")
     if not dask:
@@ -128,3 +130,23 @@ def test_unreachable_scheduler_is_one_line_within_10_s(tmp_path):
     assert time.monotonic() - t < 10.5  # includes the interpreter's start
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "cannot reach the Dask scheduler" in lines[0], r.stderr
+
+
+def test_generated_rank_set_gives_its_truth(tmp_path):
+    """bench/rankset.py's set: the straggler named, every rank's exposed allreduce, wait and
+    transfer per call exactly as constructed."""
+    import sys
+
+    sys.path.insert(0, str(__import__("tests.conftest", fromlist=["ROOT"]).ROOT / "bench"))
+    from rankset import generate
+
+    info = generate(tmp_path / "set", ranks=6, mb_per_rank=0.5, straggler=4, steps=10)
+    r = analyze(tmp_path / "set", jobs=2)
+    assert r["collectives"]["straggler"] == 4 and r["collectives"]["matched_calls"] == 10
+    for row in r["collectives"]["ranks"]:
+        t = info["truth"][row["rank"]]
+        assert row["wait_us"] == pytest.approx(10 * t["wait_us"]) and row["transfer_us"] == pytest.approx(10 * t["transfer_us"])
+    for rk in r["ranks"]:
+        p = rk["phases"]["step"]
+        assert p["windows"] == 10
+        assert p["categories"]["tp_allreduce"]["exposed_us"] == pytest.approx(10 * info["truth"][rk["rank"]]["exposed_tp_us"])
