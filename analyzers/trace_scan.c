@@ -150,6 +150,9 @@ static int member_key(cur_t *c, const unsigned char **k, int32_t *kn) {
     *k = c->p + 1;
     if (skip_string(c)) return -1;
     *kn = (int32_t)(c->p - 1 - *k);
+    /* A key written with escapes ("p\u0068" is "ph") cannot be matched as raw bytes: refuse, and
+     * the msgspec decoder, which applies JSON's rules, reads the trace. */
+    if (memchr(*k, '\\', (size_t)*kn)) FAIL(c, 2);
     ws(c);
     if (c->p >= c->e || *c->p != ':') FAIL(c, 1);
     c->p++;
@@ -288,7 +291,8 @@ static int32_t intern(scan_t *s, table_t *t, const unsigned char *p, int32_t n, 
     t->off[t->n] = off;
     t->len[t->n] = n;
     t->hash[t->n] = h;
-    t->flag[t->n] = (uint8_t)(flag ? has_hint(s, p, n) : 0);
+    /* An escaped name ("record\u005fparam_comms") may decode to a hinted one: keep its args. */
+    t->flag[t->n] = (uint8_t)(flag ? (memchr(p, '\\', (size_t)n) ? 1 : has_hint(s, p, n)) : 0);
     t->slot[j] = (int32_t)(t->n + 1);
     return (int32_t)t->n++;
 }

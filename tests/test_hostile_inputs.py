@@ -111,3 +111,22 @@ def test_out_of_range_integers_are_unknown_and_readers_agree(tmp_path, monkeypat
     assert a["axis_provenance"] == {"tp_allreduce": {"inferred": 1}}  # read, its bad number left unknown
     monkeypatch.setenv("COMMPROBE_PURE_PYTHON", "1")
     _same(a, analyze(p))
+
+
+@pytest.mark.parametrize("name, old, new", [
+    ("escaped-ph-key", b'"ph": "X", "cat": "kernel"', b'"p\\u0068": "X", "cat": "kernel"'),
+    ("escaped-dur-key", b'"dur": 5', b'"du\\u0072": 5'),
+    ("escaped-name", b'"name": "record_param_comms"', b'"name": "record\\u005fparam_comms"'),
+])
+def test_escapes_are_the_same_string_in_both_readers(tmp_path, monkeypatch, name, old, new):
+    """JSON's rules: an escape is the same character. The scanner refuses escaped keys (msgspec then
+    reads the trace) and keeps the args of escaped names, so both readers give the same analysis."""
+    data = doc(rpc(**{"In msg nelems": 256, "dtype": "Float"}))
+    assert old in data
+    p = tmp_path / f"{name}.json"
+    p.write_bytes(data.replace(old, new, 1))
+    a = analyze(p)
+    assert a["ranks"][0]["phases"]["trace"]["e2e_us"] == 5
+    assert a["axis_provenance"] == {"tp_allreduce": {"inferred": 1}}
+    monkeypatch.setenv("COMMPROBE_PURE_PYTHON", "1")
+    _same(a, analyze(p))

@@ -223,23 +223,30 @@ def test_two_torchrun_agents_as_two_hosts(tmp_path):
     file per host, manifests that name every rank's host and file, full timings, and rank 0's table."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "commprobe-test",
-           "--no-python", sys.executable, "-m", "commprobe.probe.cli", "profile", *FAST, "--backend", "gloo",
-           "--out", str(out)]
-    agents = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "COMMPROBE_HOST": host}) for host in ("host-a", "host-b")]
-    try:
-        outs = [a.communicate(timeout=300) for a in agents]
-    finally:
-        for a in agents:
-            if a.poll() is None:
-                a.kill()
-    assert all(a.returncode == 0 for a in agents), [o[1][-1500:] for o in outs]
+    for attempt in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = tmp_path / f"run{attempt}"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"commprobe-{attempt}",
+               "--no-python", sys.executable, "-m", "commprobe.probe.cli", "profile", *FAST, "--backend", "gloo",
+               "--out", str(out)]
+        agents = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "COMMPROBE_HOST": host}) for host in ("host-a", "host-b")]
+        try:
+            outs = [a.communicate(timeout=300) for a in agents]
+        finally:
+            for a in agents:
+                if a.poll() is None:
+                    a.kill()
+        # One retry for torchrun's own rendezvous and process start on a busy shared machine (a
+        # rank aborted once in a CI run with the suite beside it; 4 of 4 runs passed alone); an
+        # error of ours ("commprobe: error") is never retried.
+        if all(a.returncode == 0 for a in agents) or any("commprobe: error" in o[1] for o in outs):
+            break
+    errors = [ln for o in outs for ln in o[1].splitlines() if "Error" in ln or "error" in ln][:20]
+    assert all(a.returncode == 0 for a in agents), errors + [o[1][-800:] for o in outs]
     assert sum(o[0].count("Latency per rank") for o in outs) == 1  # rank 0's table, once
     assert sorted(p.name for p in out.glob("telemetry-*.jsonl")) == ["telemetry-host-a.jsonl", "telemetry-host-b.jsonl"]
     m = json.loads((out / "manifest.json").read_text())
