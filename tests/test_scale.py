@@ -125,6 +125,7 @@ def test_a_real_dask_cluster_gives_the_same_analysis(tmp_path):
 def test_unreachable_scheduler_is_one_line_within_10_s(tmp_path):
     import time
 
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'commprobe[cluster]')")
     t = time.monotonic()
     r = run_cli("analyze", str(_run(tmp_path)), "--scheduler", "tcp://127.0.0.1:9")
     assert time.monotonic() - t < 10.5  # includes the interpreter's start
@@ -150,3 +151,14 @@ def test_generated_rank_set_gives_its_truth(tmp_path):
         p = rk["phases"]["step"]
         assert p["windows"] == 10
         assert p["categories"]["tp_allreduce"]["exposed_us"] == pytest.approx(10 * info["truth"][rk["rank"]]["exposed_tp_us"])
+
+
+def test_without_dask_the_flag_says_so_in_one_line(tmp_path, monkeypatch):
+    """No dask installed: --scheduler is one line naming the extra, exit 2 (simulated by hiding it)."""
+    import sys
+
+    from commprobe.analyzers.trace import TraceError
+
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)  # `from dask.distributed import` now fails
+    with pytest.raises(TraceError, match=r"pip install 'commprobe\[cluster\]'"):
+        analyze(_run(tmp_path), scheduler="tcp://127.0.0.1:9")
