@@ -10,7 +10,6 @@ because Nsight Systems' multi-report recipes use it and it already runs on SLURM
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +54,8 @@ def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1, schedule
         for f in files:
             yield summarize(f, rules)
         return
+    from concurrent.futures import ProcessPoolExecutor  # only with a pool: a one-rank analysis starts faster
+
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(summarize, f, list(rules)) for f in files]
         try:
