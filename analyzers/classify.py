@@ -11,7 +11,7 @@ launched it (links.py) and takes that op's collective, group, size and Seq.
 
 Each collective's axis carries how it was decided (`axis_source`): `declared` (our spans; a
 process group whose name or description says tp/tensor, cp/context, ep/expert/moe, dp/data),
-`inferred` (allreduce -> TP, all-to-all -> EP; a collective inside the backward pass -> DP),
+`inferred` (allreduce -> TP, all-to-all -> EP; a collective fired from the gradient-ready hook -> DP),
 or `unknown` (a bare send/recv could be pipeline, context-parallel or part of an all-to-all:
 it is p2p of unknown axis, never CP ring).
 """

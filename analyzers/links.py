@@ -37,6 +37,20 @@ _GRAD_HOOK = "autograd::engine::evaluate_function: torch::autograd::AccumulateGr
 _ASYNC_HOST_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
 
 
+def _thread_keys(*pairs: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    """(thread, time) pairs of arrays on one sorted axis, threads apart (thread x span + time): an
+    earlier thread's keys all lie below a later thread's, so one sorted search covers every thread."""
+    lo = min(float(np.min(t)) for _, t in pairs)
+    span = max(float(np.max(t)) for _, t in pairs) - lo + 1.0
+    return [tid * span + (t - lo) for tid, t in pairs]
+
+
+def _furthest_so_far(ke: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Over intervals sorted by start: the largest end up to each position, and where it is."""
+    run = np.maximum.accumulate(ke)
+    return run, np.maximum.accumulate(np.where(ke == run, np.arange(len(ke)), 0))
+
+
 def _enclosing(tid: np.ndarray, start: np.ndarray, end: np.ndarray, q_tid: np.ndarray, q_t: np.ndarray,
                ok: np.ndarray | None = None) -> np.ndarray:
     """For each query (thread, time): the index of the innermost interval on that thread that
@@ -44,11 +58,7 @@ def _enclosing(tid: np.ndarray, start: np.ndarray, end: np.ndarray, q_tid: np.nd
     out = np.full(len(q_t), -1, np.int64)
     if not len(start) or not len(q_t):
         return out
-    span = float(max(np.max(end), np.max(q_t)) - min(np.min(start), np.min(q_t))) + 1.0
-    base = float(min(np.min(start), np.min(q_t)))
-    key_s = tid * span + (start - base)  # one sorted axis: threads apart, time within
-    key_e = tid * span + (end - base)
-    key_q = q_tid * span + (q_t - base)
+    key_s, key_e, key_q = _thread_keys((tid, start), (tid, end), (q_tid, q_t))
     order = np.argsort(key_s, kind="stable")
     ks, ke = key_s[order], key_e[order]
     j = np.searchsorted(ks, key_q, side="right") - 1  # the latest-starting interval at or before t
@@ -60,9 +70,7 @@ def _enclosing(tid: np.ndarray, start: np.ndarray, end: np.ndarray, q_tid: np.nd
     out[inner] = order[jj[inner]]
     # Otherwise an earlier, longer interval may still hold t: the one with the largest end so far
     # (threads cannot mix: an earlier thread's keys all lie below this thread's).
-    ke_ok = np.where(ok[order], ke, -np.inf) if ok is not None else ke
-    run = np.maximum.accumulate(ke_ok)
-    at = np.maximum.accumulate(np.where(ke_ok == run, np.arange(len(ke)), 0))
+    run, at = _furthest_so_far(np.where(ok[order], ke, -np.inf) if ok is not None else ke)
     outer = has & ~inner & (run[jj] >= key_q)
     out[outer] = order[at[jj[outer]]]
     return out
@@ -117,16 +125,13 @@ def _parents(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     out = np.full(n, -1, np.int64)
     if n < 2:
         return out
-    span = float(np.max(end) - np.min(start)) + 1.0
-    base = float(np.min(start))
-    ks, ke = tid * span + (start - base), tid * span + (end - base)
+    ks, ke = _thread_keys((tid, start), (tid, end))
     order = np.lexsort((-(end - start), ks))
     ks, ke = ks[order], ke[order]
     prev = np.arange(n) - 1
     pj = np.maximum(prev, 0)
     inner = (prev >= 0) & (ke[pj] >= ks)
-    run = np.maximum.accumulate(ke)
-    at = np.maximum.accumulate(np.where(ke == run, np.arange(n), 0))
+    run, at = _furthest_so_far(ke)
     outer = (prev >= 0) & ~inner & (run[pj] >= ks)
     parent = np.full(n, -1, np.int64)
     parent[inner] = pj[inner]
@@ -155,8 +160,7 @@ def _merge_host_stack(trace: Trace, cls: Classified, host: np.ndarray) -> None:
         declared |= no_op & (cls.axis_source[parent] > 0)
         cls.comm_axis[child[declared]] = cls.comm_axis[parent[declared]]
         cls.axis_source[child[declared]] = cls.axis_source[parent[declared]]
-    pair, pairs = factorize(list(zip(cls.comm_op[host].tolist(), cls.comm_axis[host].tolist())))
-    cls.category[host] = np.array([category_for(o, a) for o, a in pairs] or [OTHER_COMM], np.int8)[pair]
+    _recategorize(cls, host)
 
 
 def _take_host_fields(cls: Classified, k: np.ndarray, op_idx: np.ndarray) -> None:
@@ -172,8 +176,13 @@ def _take_host_fields(cls: Classified, k: np.ndarray, op_idx: np.ndarray) -> Non
     take = ~((cls.axis_source[k] == DECLARED) & (cls.axis_source[op_idx] != DECLARED))
     cls.comm_axis[k[take]] = cls.comm_axis[op_idx[take]]
     cls.axis_source[k[take]] = cls.axis_source[op_idx[take]]
-    pair, pairs = factorize(list(zip(cls.comm_op[k].tolist(), cls.comm_axis[k].tolist())))
-    cls.category[k] = np.array([category_for(o, a) for o, a in pairs] or [OTHER_COMM], np.int8)[pair]
+    _recategorize(cls, k)
+
+
+def _recategorize(cls: Classified, idx: np.ndarray) -> None:
+    """Events whose (op, axis) changed take the category that pair means (one answer per pair)."""
+    pair, pairs = factorize(list(zip(cls.comm_op[idx].tolist(), cls.comm_axis[idx].tolist())))
+    cls.category[idx] = np.array([category_for(o, a) for o, a in pairs] or [OTHER_COMM], np.int8)[pair]
 
 
 def _backward_is_dp(trace: Trace, cls: Classified, ops: np.ndarray) -> None:

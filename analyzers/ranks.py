@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from commprobe.common.host import usable_cores
+
 from . import collectives as coll
 from .attribution import rank_breakdown
 from .classify import Rule, classify
@@ -99,11 +101,8 @@ def _map_dask(files: list[Path], rules: list[Rule], address: str):
 
 
 def default_jobs() -> int:
-    """The usable cores (affinity mask, cgroup cpusets), COMMPROBE_JOBS overriding."""
+    """The usable cores (common.host.usable_cores), COMMPROBE_JOBS overriding."""
     env = os.environ.get("COMMPROBE_JOBS")
     if env and env.isdigit() and int(env) > 0:
         return int(env)
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return usable_cores()

@@ -139,11 +139,11 @@ def _open_checked(path: Path, streamed: bool = False):
     if size == 0:
         raise TraceError(f"{path}: empty file")
     limit = max_trace_bytes(streamed)
-    try:
+    try:  # unbuffered: readall() sizes its buffer once (a buffered read after a seek grows it, twice the file at peak)
         f = open(path, "rb", buffering=0)
     except OSError as e:  # permission denied, a file removed meanwhile
-        raise TraceError(f"{path}: cannot read ({e.strerror})") from None  # unbuffered: readall() sizes its buffer once (a buffered
-    gz = f.read(2) == b"\x1f\x8b"     # read after a seek grows it, twice the file at peak)
+        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+    gz = f.read(2) == b"\x1f\x8b"
     if gz:
         # ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a cheap first guard.
         f.seek(-4, os.SEEK_END)
@@ -253,6 +253,8 @@ ARG_KEYS = BASE_KEYS + INPUT_KEYS
 
 def _needs_inputs(present: Callable[[str], bool]) -> bool:
     return not present("In msg nelems") and not present("dtype")
+
+
 # Per event, kept as numbers apart (they differ on every call, so they are no part of a shared subset):
 SEQ_KEY = "Seq"  # the collective's sequence number in its process group
 CORR_KEY = "correlation"  # links a kernel to the runtime call that launched it (Kineto)
@@ -285,13 +287,13 @@ class _Columns:
     meta_raw: bytes | None
     args: Callable[[np.ndarray], tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]]
     nbytes: int  # uncompressed input size
-    corr: Callable[[np.ndarray], np.ndarray] | None = None  # only the correlation ids of those events
+    corr: Callable[[np.ndarray], np.ndarray]  # only the correlation ids of those events (kernel launches)
     kinds: np.ndarray | None = None  # per name: _args_kind, when the reader already knows it
 
 
 def _columns_native(path: Path) -> _Columns | None:
     """The C scanner's columns, streamed from the file (native.py), or None to fall back to msgspec."""
-    s = native.scan(_iter_chunks(path), (*_ARG_HINTS, "#" + _LAUNCH))
+    s = native.scan(_iter_chunks(path), (*_HINTS, "#" + _LAUNCH))
     if s is None:
         return None
     try:  # each distinct raw token decoded once (escapes and UTF-8 checked by msgspec)
@@ -325,7 +327,7 @@ def _columns_native(path: Path) -> _Columns | None:
         ints = _int_column(values)
         rows, inverse = np.unique(ids[:, :-1], axis=0, return_inverse=True)
         dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
-        return inverse.reshape(-1).astype(np.int32), dicts, _pick(ids[:, -1], ints), corr_col[idx]
+        return inverse.reshape(-1).astype(np.int32), dicts, _pick(ids[:, -1], ints), corr(idx)
 
     def corr(idx: np.ndarray) -> np.ndarray:  # correlation ids: read by the scanner into a column
         return corr_col[idx]
@@ -353,10 +355,14 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
         return (rows, [{k: _unhashable(v) for k, v in t} for t in table], _int_column([a.get(SEQ_KEY) for a in decoded]),
                 _int_column([a.get(CORR_KEY) for a in decoded]))
 
+    def corr(idx: np.ndarray) -> np.ndarray:
+        raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
+        return _int_column([a.get(CORR_KEY) if isinstance(a, dict) else None for a in _decode_values(path, raws)])
+
     return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
                     name_id[keep], cat_id[keep], tid_id[keep], names, cats, top.baseTimeNanoseconds,
                     None if top.distributedInfo == b"null" else bytes(top.distributedInfo),
-                    None if top.commprobe == b"null" else bytes(top.commprobe), args, len(data))
+                    None if top.commprobe == b"null" else bytes(top.commprobe), args, len(data), corr)
 
 
 def _decode_meta(raw: bytes | None):
@@ -406,7 +412,7 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     # Kernel launches: only their correlation id (they are as many as kernels; no args subset).
     launch_idx = np.flatnonzero((kinds == 2)[name_id]) if len(cols.names) else np.zeros(0, np.int64)
     if len(launch_idx):
-        arg_corr[launch_idx] = cols.corr(order[launch_idx]) if cols.corr else cols.args(order[launch_idx])[3]
+        arg_corr[launch_idx] = cols.corr(order[launch_idx])
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq, arg_corr,
                  cols.base_ns, dist, meta, cols.nbytes)
 
@@ -418,7 +424,6 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
 _HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall", "broadcast", "barrier", "send",
           "recv", "deep_ep", "mscclpp", "dda", "commprobe/comm", "record_param_comms", "c10d", "gloo:", "mpi:", "ucc:",
           "lamport", "dispatch", "combine", "notify", "nvshmem", "mori", "symm_mem", "multimem")
-_ARG_HINTS = _HINTS
 
 
 def _hashable(v):
@@ -435,7 +440,7 @@ _LAUNCH = "launch"  # cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel, cudaGra
 def _args_kind(name: str) -> int:
     """1: a communication candidate (args read); 2: a kernel or graph launch (correlation only); 0."""
     low = name.lower()
-    return 1 if any(h in low for h in _ARG_HINTS) else 2 if _LAUNCH in low else 0
+    return 1 if any(h in low for h in _HINTS) else 2 if _LAUNCH in low else 0
 
 
 _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")

@@ -51,6 +51,13 @@ def cpu_flags() -> str:
     return _cpuinfo_field("flags", "Features") or os.uname().machine
 
 
+def cpu_has(flag: str) -> bool:
+    """Whether the CPU advertises `flag` (x86 `flags`, Arm `Features`); True when it cannot be
+    told (no /proc/cpuinfo), so a check on it never refuses on a platform it cannot read."""
+    flags = _cpuinfo_field("flags", "Features")
+    return flags is None or flag in flags.split()
+
+
 def host_name() -> str:
     """This host's name in bundles and telemetry file names; COMMPROBE_HOST overrides it (two
     agents on one machine standing for two hosts)."""

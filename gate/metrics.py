@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from commprobe.analyzers.verdict import AXIS_OF
 from commprobe.common.bundle import (
     machine_facts,
     per_sample,
@@ -68,7 +69,7 @@ def exposure_metrics(analysis: dict, prefix: str = "") -> dict[str, Metric]:
     for phase in sorted(phases):
         rows = [r["phases"][phase].get("window_exposed_share") or {} for r in analysis["ranks"] if phase in r["phases"]]
         for cat in sorted(set.intersection(*(set(x) for x in rows)) if rows else set()):
-            axis = {"tp_allreduce": "tp", "cp_ring": "cp", "ep_all_to_all": "ep"}.get(cat, "other")
+            axis = AXIS_OF.get(cat, "other")
             samples = per_sample([x[cat] for x in rows], lambda xs: sum(xs) / len(xs))
             if any(samples):
                 name = f"{prefix}exposed_share/{phase}/{axis}"

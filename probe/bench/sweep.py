@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from commprobe.common.host import cpu_has
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPS = ("allreduce", "all_to_all")
 BENCH_BACKENDS = ("gloo", "dda", "deepspeed", "nccl")
@@ -97,19 +99,11 @@ def deepspeed_unavailable_reason() -> str | None:
         import deepspeed  # noqa: F401
     except Exception as e:  # ImportError, or a broken install raising anything on import
         return f"deepspeed is not installed ({type(e).__name__}); pip install 'commprobe[peers]'"
-    if not _cpu_has("avx2"):
+    if not cpu_has("avx2"):
         # Its fp32 shm kernels need AVX2; without it DeepSpeed silently uses gloo, which would
         # make the comparison meaningless.
         return "this CPU lacks AVX2, so DeepSpeed's shm allreduce would silently fall back to gloo"
     return None
-
-
-def _cpu_has(flag: str) -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True  # cannot tell; let DeepSpeed decide
-    return any(line.startswith("flags") and f" {flag} " in f"{line} " for line in text.splitlines())
 
 
 class _DeepSpeedAllreduce:
