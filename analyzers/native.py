@@ -42,13 +42,44 @@ class Scanned:
     cat_raw: list[bytes]
     tid_raw: list[bytes]
     args: bytes  # raw args of the events whose name carries a hint, back to back
-    args_off: np.ndarray  # int64 offset into args (-1: not kept)
+    # Sparse, ascending: the rows (file order) of events with args whose name carries a hint, and
+    # for each its args span in `args` (offset -1: not kept, a '#' hint) and args "correlation" (-1).
+    kept_row: np.ndarray  # int64
+    args_off: np.ndarray  # int64
     args_len: np.ndarray  # int32
-    corr: np.ndarray  # int64: args "correlation" of events named by a '#' hint (kernel launches), else -1
+    corr: np.ndarray  # int64
     base_ns: int
     dist_raw: bytes | None
     meta_raw: bytes | None
     nbytes: int  # input bytes scanned
+    fed: int  # bytes handed to the scanner in all (a cut unit is handed again with what follows)
+
+    def kept(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For events `idx` (file order): their args offset (-1), length and correlation (-1)."""
+        if not len(self.kept_row):
+            return np.full(len(idx), -1, np.int64), np.zeros(len(idx), np.int32), np.full(len(idx), -1, np.int64)
+        pos = np.minimum(np.searchsorted(self.kept_row, idx), len(self.kept_row) - 1)
+        hit = self.kept_row[pos] == idx
+        return (np.where(hit, self.args_off[pos], -1), np.where(hit, self.args_len[pos], 0).astype(np.int32),
+                np.where(hit, self.corr[pos], -1))
+
+
+@dataclass
+class Refused:
+    """Why the scanner did not accept the input, and where (a byte offset in the uncompressed JSON)."""
+
+    code: int
+    pos: int
+    nbytes: int  # uncompressed bytes read before it stopped
+
+    WHY = {1: "not valid JSON", 2: "a field of an unexpected type (or a key written with escapes)",
+           3: "out of memory", 4: "no traceEvents array", 5: "a string or args object over {max} bytes",
+           6: "\"traceEvents\" appears twice (which one is the trace is ambiguous)",
+           7: "the document ends early (truncated?)"}
+    FINAL = frozenset({3, 5, 6, 7})  # never worth a second decoder: it would refuse too, after more memory
+
+    def reason(self, max_token: int) -> str:
+        return self.WHY.get(self.code, f"scanner error {self.code}").format(max=max_token) + f" at byte {self.pos}"
 
 
 _LIB: ctypes.CDLL | None = None
@@ -66,7 +97,11 @@ def load_scanner() -> tuple[ctypes.CDLL | None, str]:
         return None, _WHY
     lib.scan_open.argtypes, lib.scan_open.restype = [ctypes.POINTER(_cp), ctypes.c_int32], _vp
     lib.scan_close.argtypes, lib.scan_close.restype = [_vp], None
-    lib.scan_feed.argtypes, lib.scan_feed.restype = [_vp, _cp, ctypes.c_int64, ctypes.c_int32], ctypes.c_int64
+    lib.scan_feed.argtypes = [_vp, ctypes.POINTER(ctypes.c_char), ctypes.c_int64, ctypes.c_int32]
+    lib.scan_feed.restype = ctypes.c_int64
+    lib.scan_error_pos.argtypes, lib.scan_error_pos.restype = [_vp], ctypes.c_int64
+    lib.scan_set_max_token.argtypes, lib.scan_set_max_token.restype = [_vp, ctypes.c_int64], None
+    lib.scan_kept.argtypes, lib.scan_kept.restype = [_vp], ctypes.c_int64
     lib.scan_error.argtypes, lib.scan_error.restype = [_vp], ctypes.c_int32
     lib.scan_rows.argtypes, lib.scan_rows.restype = [_vp], ctypes.c_int64
     lib.scan_base_ns.argtypes, lib.scan_base_ns.restype = [_vp], ctypes.c_int64
@@ -86,8 +121,9 @@ def load_scanner() -> tuple[ctypes.CDLL | None, str]:
     return lib, ""
 
 
-_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("name_id", np.int32), ("cat_id", np.int32), ("tid_id", np.int32),
-            ("args_off", np.int64), ("args_len", np.int32), ("corr", np.int64))
+_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("name_id", np.int32), ("cat_id", np.int32), ("tid_id", np.int32))
+_KEPT = (("kept_row", np.int64), ("args_off", np.int64), ("args_len", np.int32), ("corr", np.int64))
+MAX_TOKEN = 1 << 30  # the longest string, args object or top-level value the scanner takes (bytes)
 
 
 def _entries(n: int, off, length, base) -> list[bytes]:
@@ -109,11 +145,31 @@ def _arena(lib, s, which: int) -> bytes | None:
     return None if n.value < 0 else ctypes.string_at(p, n.value) if n.value else b""
 
 
-def scan(chunks: Iterable[bytes], hints: tuple[str, ...]) -> Scanned | None:
+def _copy_out(lib, s, k: int, n: int, dtype) -> np.ndarray:
+    """Column k of the scanner as a numpy copy, the scanner's freed at once."""
+    p = lib.scan_column(s, k)
+    out = (np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(np.ctypeslib.as_ctypes_type(dtype))), shape=(n,)).copy()
+           if n else np.zeros(0, dtype))
+    lib.scan_drop_column(s, k)
+    return out
+
+
+def _feed(lib, s, buf: bytearray, final: int) -> int:
+    view = (ctypes.c_char * len(buf)).from_buffer(buf) if buf else (ctypes.c_char * 1)()
+    try:
+        return lib.scan_feed(s, view, len(buf), final)
+    finally:
+        del view  # the bytearray may be resized again only once no view holds it
+
+
+def scan(chunks: Iterable[bytes], hints: tuple[str, ...], max_token: int = MAX_TOKEN) -> Scanned | Refused | None:
     """Columns of the complete events in the JSON that `chunks` yields (one chunk in memory at a
     time), with the raw args of events whose name contains one of `hints` (a hint written '#x':
-    only the args' "correlation" number, in the `corr` column); None when there is no scanner
-    here or it does not accept the input (the caller then falls back to msgspec)."""
+    only the args' "correlation" number); Refused (why, where) when the scanner does not accept the
+    input; None when there is no scanner here.
+
+    An event cut by a chunk's end is scanned again from its start with what follows; so that a huge
+    event costs linear, not quadratic, time, the next attempt waits until the cut part has doubled."""
     if os.environ.get("COMMPROBE_PURE_PYTHON"):
         return None
     lib, _ = load_scanner()
@@ -124,29 +180,33 @@ def scan(chunks: Iterable[bytes], hints: tuple[str, ...]) -> Scanned | None:
     if not s:
         return None
     try:
-        tail, total = b"", 0
+        lib.scan_set_max_token(s, max_token)
+        buf, start, total, fed, wait = bytearray(), 0, 0, 0, 0  # start: offset of buf[0] in the input
         for chunk in chunks:
             total += len(chunk)
-            buf = tail + chunk if tail else chunk
-            used = lib.scan_feed(s, buf, len(buf), 0)
+            buf += chunk
+            if len(buf) < wait:
+                continue
+            used = _feed(lib, s, buf, 0)
+            fed += len(buf)
             if used < 0:
-                return None
-            tail = buf[used:]
-            del buf
-        if lib.scan_feed(s, tail, len(tail), 1) < 0 or lib.scan_error(s):
-            return None
-        n = lib.scan_rows(s)
-        cols = {}
-        for k, (name, dtype) in enumerate(_COLUMNS):  # copy each column out, free it at once
-            p = lib.scan_column(s, k)
-            cols[name] = (np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(np.ctypeslib.as_ctypes_type(dtype))),
-                                                shape=(n,)).copy() if n else np.zeros(0, dtype))
-            lib.scan_drop_column(s, k)
+                return Refused(int(lib.scan_error(s)), start + int(lib.scan_error_pos(s)), total)
+            del buf[:used]
+            start += used
+            wait = 2 * len(buf)
+        fed += len(buf)
+        if _feed(lib, s, buf, 1) < 0 or lib.scan_error(s):
+            pos = lib.scan_error_pos(s) if lib.scan_error(s) != 4 else 0
+            return Refused(int(lib.scan_error(s)), start + int(pos), total)
+        del buf
+        n, nk = lib.scan_rows(s), lib.scan_kept(s)
+        cols = {name: _copy_out(lib, s, k, n, dtype) for k, (name, dtype) in enumerate(_COLUMNS)}
+        cols.update({name: _copy_out(lib, s, 5 + k, nk, dtype) for k, (name, dtype) in enumerate(_KEPT)})
         names = _table(lib, s, 0, b'""')
         flags = np.ctypeslib.as_array(lib.scan_name_flags(s), shape=(len(names),)).copy() if names else np.zeros(0, np.uint8)
         return Scanned(**cols, name_raw=names, name_flags=flags, cat_raw=_table(lib, s, 1, b'""'),
                        tid_raw=_table(lib, s, 2, b"0"), args=_arena(lib, s, 0) or b"", base_ns=int(lib.scan_base_ns(s)),
-                       dist_raw=_arena(lib, s, 1), meta_raw=_arena(lib, s, 2), nbytes=total)
+                       dist_raw=_arena(lib, s, 1), meta_raw=_arena(lib, s, 2), nbytes=total, fed=fed)
     finally:
         lib.scan_close(s)
 

@@ -127,7 +127,7 @@ def max_trace_bytes(streamed: bool = False) -> int:
     return avail * 2 if streamed else avail // 3
 
 
-CHUNK = 8 << 20  # bytes of uncompressed trace the scanner sees at a time
+CHUNK = int(os.environ.get("COMMPROBE_CHUNK_BYTES") or 8 << 20)  # uncompressed bytes the scanner sees at a time
 
 
 def _open_checked(path: Path, streamed: bool = False):
@@ -224,7 +224,27 @@ def _decode_values(path: Path, raws: list[bytes]) -> list:
         raise TraceError(f"{path}: invalid JSON in an event's args ({e})") from None
 
 
+def _twice(data: bytes, key: str) -> bool:
+    """Whether the top-level object holds `key` more than once (msgspec keeps the last one
+    silently). The exact check parses the document again, so it runs only where the key's
+    spelling occurs twice at all; a key written with escapes is caught by the exact check only."""
+    if data.count(b'"' + key.encode() + b'"') < 2:
+        return False
+    import json
+
+    seen: list[int] = []
+    try:
+        # surrogateescape: bytes that are not UTF-8 in members nobody reads are no error here either
+        json.loads(data.decode("utf-8", "surrogateescape"),
+                   object_pairs_hook=lambda pairs: seen.append(sum(k == key for k, _ in pairs)))
+    except (ValueError, RecursionError):
+        return False  # msgspec names what is wrong
+    return bool(seen) and seen[-1] > 1  # the top-level object's hook runs last
+
+
 def _decode_top(path: Path, data: bytes) -> _Trace:
+    if _twice(data, "traceEvents"):
+        raise TraceError(f"{path}: {native.Refused.WHY[6]}")
     try:
         return msgspec.json.decode(data, type=_Trace)
     except RecursionError:
@@ -251,13 +271,78 @@ INPUT_KEYS = ("Input Dims", "Input type")
 ARG_KEYS = BASE_KEYS + INPUT_KEYS
 
 
-def _needs_inputs(present: Callable[[str], bool]) -> bool:
-    return not present("In msg nelems") and not present("dtype")
-
-
 # Per event, kept as numbers apart (they differ on every call, so they are no part of a shared subset):
 SEQ_KEY = "Seq"  # the collective's sequence number in its process group
 CORR_KEY = "correlation"  # links a kernel to the runtime call that launched it (Kineto)
+_ALL_KEYS = (*ARG_KEYS, SEQ_KEY, CORR_KEY)
+
+
+class _Args(msgspec.Struct, gc=False, rename={f"k{i}": k for i, k in enumerate(_ALL_KEYS)}):
+    """The args members any analyzer reads, raw; others are skipped unread (as the scanner skips them)."""
+
+    k0: msgspec.Raw = msgspec.Raw(b"")
+    k1: msgspec.Raw = msgspec.Raw(b"")
+    k2: msgspec.Raw = msgspec.Raw(b"")
+    k3: msgspec.Raw = msgspec.Raw(b"")
+    k4: msgspec.Raw = msgspec.Raw(b"")
+    k5: msgspec.Raw = msgspec.Raw(b"")
+    k6: msgspec.Raw = msgspec.Raw(b"")
+    k7: msgspec.Raw = msgspec.Raw(b"")
+    k8: msgspec.Raw = msgspec.Raw(b"")
+    k9: msgspec.Raw = msgspec.Raw(b"")
+    k10: msgspec.Raw = msgspec.Raw(b"")
+
+
+_ARGS = msgspec.json.Decoder(_Args)
+
+
+def _select(path: Path, raws: list[bytes], keys: tuple[str, ...]) -> tuple[np.ndarray, list[bytes]]:
+    """Per args object (raw JSON), the raw values of `keys` as ids into the returned distinct raw
+    values (-1: absent). JSON's rules, as the scanner's args_fields keeps them: escaped keys are the
+    same key, the last of a repeated key counts, args that are not an object have no members, and
+    members nobody reads are skipped unread (invalid UTF-8 or 1e400 there is no error)."""
+    attrs = [f"k{_ALL_KEYS.index(k)}" for k in keys]
+    out = np.full((len(raws), len(keys)), -1, np.int32)
+    table: dict[bytes, int] = {}
+    for i, r in enumerate(raws):
+        try:
+            a = _ARGS.decode(r)
+        except msgspec.ValidationError:
+            continue
+        except (msgspec.DecodeError, RecursionError) as e:
+            raise TraceError(f"{path}: invalid JSON in an event's args ({e})") from None
+        for j, attr in enumerate(attrs):
+            v = bytes(getattr(a, attr))
+            if v:
+                out[i, j] = table.setdefault(v, len(table))
+    return out, list(table)
+
+
+def _corr_values(ids: np.ndarray, raws: list[bytes]) -> np.ndarray:
+    """Correlation ids from raw values, the scanner's rule: an integer token of 1 to 18 digits, else -1."""
+    vals = np.array([int(r) if 1 <= len(r) <= 18 and r.isdigit() else -1 for r in raws] or [-1], np.int64)
+    return np.where(ids >= 0, vals[np.maximum(ids, 0)], -1).astype(np.int64)
+
+
+_IN, _DT = BASE_KEYS.index("In msg nelems"), BASE_KEYS.index("dtype")
+
+
+def _arg_rows(path: Path, ids: np.ndarray, raws: list[bytes]) -> tuple[np.ndarray, list[dict], np.ndarray]:
+    """Both readers' last step: ids (n, ARG_KEYS + Seq) into raw values -> a row per event into the
+    distinct ARG_KEYS dicts, and Seq. INPUT_KEYS count only where neither "In msg nelems" nor
+    "dtype" is given, and only values that count are decoded (so both readers refuse the same)."""
+    if not len(ids):
+        return np.zeros(0, np.int32), [], np.zeros(0, np.int64)
+    ids = ids.copy()
+    ids[(ids[:, _IN] >= 0) | (ids[:, _DT] >= 0), len(BASE_KEYS):len(ARG_KEYS)] = -1
+    used = np.unique(ids[ids >= 0])
+    remap = np.full(len(raws) + 1, -1, np.int64)
+    remap[used] = np.arange(len(used))
+    ids = np.where(ids >= 0, remap[np.maximum(ids, 0)], -1)
+    values = _decode_values(path, [raws[i] for i in used.tolist()])
+    rows, inverse = np.unique(ids[:, :-1], axis=0, return_inverse=True)
+    dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
+    return inverse.reshape(-1).astype(np.int32), dicts, _pick(ids[:, -1], _int_column(values))
 
 
 def _int_column(values: list) -> np.ndarray:
@@ -288,13 +373,19 @@ class _Columns:
     args: Callable[[np.ndarray], tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]]
     nbytes: int  # uncompressed input size
     corr: Callable[[np.ndarray], np.ndarray]  # only the correlation ids of those events (kernel launches)
-    kinds: np.ndarray | None = None  # per name: _args_kind, when the reader already knows it
 
 
 def _columns_native(path: Path) -> _Columns | None:
-    """The C scanner's columns, streamed from the file (native.py), or None to fall back to msgspec."""
+    """The C scanner's columns, streamed from the file (native.py), or None to fall back to msgspec
+    (no scanner here, or input it refuses that the whole-document decoder may read or name better).
+    Input refused for its size or shape (truncated, a token over native.MAX_TOKEN, "traceEvents"
+    twice) is an error here: handing it to a whole-document decoder would only cost more memory."""
     s = native.scan(_iter_chunks(path), (*_HINTS, "#" + _LAUNCH))
     if s is None:
+        return None
+    if isinstance(s, native.Refused):
+        if s.code in native.Refused.FINAL:
+            raise TraceError(f"{path}: {s.reason(native.MAX_TOKEN)}")
         return None
     try:  # each distinct raw token decoded once (escapes and UTF-8 checked by msgspec)
         names = msgspec.json.decode(b"[" + b",".join(s.name_raw) + b"]", type=list[str])
@@ -304,36 +395,47 @@ def _columns_native(path: Path) -> _Columns | None:
         return None
     # Different raw spellings of one string (escapes) get one id.
     name_map, names = factorize(names)
-    kinds = np.zeros(len(names), np.int8)  # the scanner's hint flags, per distinct name (escapes merged)
-    np.maximum.at(kinds, name_map, s.name_flags.astype(np.int8))
     cat_map, cats = factorize(cats)
     tid_map, _ = factorize(tids)
     for m, col in ((name_map, s.name_id), (cat_map, s.cat_id), (tid_map, s.tid_id)):
         np.take(m.astype(np.int32), col, out=col)  # in place: no second copy of an event column
-    raw_args, args_off, args_len, corr_col = s.args, s.args_off, s.args_len, s.corr  # the closure holds these
+    raw_args, kept = s.args, s.kept  # the closure holds these
+
+    def escaped(ids: np.ndarray, off: np.ndarray, length: np.ndarray, rows: np.ndarray, keys, raws: list[bytes]):
+        """Rows whose args have a key written with escapes (-2 from the scanner): read by _select."""
+        sub, more = _select(path, [raw_args[o:o + n] for o, n in zip(off[rows].tolist(), length[rows].tolist())], keys)
+        ids[rows] = np.where(sub >= 0, sub + len(raws), -1)
+        raws.extend(more)
 
     def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]:
-        base, raws = native.args_fields(raw_args, args_off[idx], args_len[idx], (*BASE_KEYS, SEQ_KEY))
-        if not len(base):
-            return np.zeros(0, np.int32), [], np.zeros(0, np.int64), np.zeros(0, np.int64)
-        ids = np.full((len(base), len(ARG_KEYS) + 1), -1, np.int32)
+        off, length, corr_col = kept(idx)
+        base, raws = native.args_fields(raw_args, off, length, (*BASE_KEYS, SEQ_KEY))
+        ids = np.full((len(idx), len(ARG_KEYS) + 1), -1, np.int32)
         ids[:, :len(BASE_KEYS)], ids[:, -1] = base[:, :len(BASE_KEYS)], base[:, -1]
-        need = np.flatnonzero((base[:, BASE_KEYS.index("In msg nelems")] < 0) & (base[:, BASE_KEYS.index("dtype")] < 0))
+        esc = np.flatnonzero(base[:, 0] == -2) if len(base) else np.zeros(0, np.int64)
+        if len(esc):
+            escaped(ids, off, length, esc, (*ARG_KEYS, SEQ_KEY), raws)
+        need = np.flatnonzero((ids[:, _IN] < 0) & (ids[:, _DT] < 0) & (base[:, 0] != -2)) if len(base) else esc
         if len(need):
-            more, raws2 = native.args_fields(raw_args, args_off[idx[need]], args_len[idx[need]], INPUT_KEYS)
+            more, raws2 = native.args_fields(raw_args, off[need], length[need], INPUT_KEYS)
             ids[need, len(BASE_KEYS):len(ARG_KEYS)] = np.where(more >= 0, more + len(raws), -1)
             raws = raws + raws2
-        values = _decode_values(path, raws)
-        ints = _int_column(values)
-        rows, inverse = np.unique(ids[:, :-1], axis=0, return_inverse=True)
-        dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
-        return inverse.reshape(-1).astype(np.int32), dicts, _pick(ids[:, -1], ints), corr(idx)
+        rows, dicts, seq = _arg_rows(path, ids, raws)
+        return rows, dicts, seq, fix_corr(off, length, corr_col)
 
-    def corr(idx: np.ndarray) -> np.ndarray:  # correlation ids: read by the scanner into a column
-        return corr_col[idx]
+    def fix_corr(off: np.ndarray, length: np.ndarray, corr_col: np.ndarray) -> np.ndarray:
+        esc = np.flatnonzero(corr_col == -2)
+        if len(esc):
+            ids, raws = np.full((len(corr_col), 1), -1, np.int32), []
+            escaped(ids, off, length, esc, (CORR_KEY,), raws)
+            corr_col[esc] = _corr_values(ids[esc, 0], raws)
+        return corr_col
+
+    def corr(idx: np.ndarray) -> np.ndarray:  # correlation ids: read by the scanner
+        return fix_corr(*kept(idx))
 
     return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args,
-                    s.nbytes, corr, kinds)
+                    s.nbytes, corr)
 
 
 def _columns_msgspec(path: Path, data: bytes) -> _Columns:
@@ -347,17 +449,12 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
     tid_id, _ = factorize(list(map(_get_tid, ev)))
 
     def args(idx: np.ndarray) -> tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]:
-        raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
-        decoded = [a if isinstance(a, dict) else {} for a in _decode_values(path, raws)]
-        table: dict[tuple, int] = {}
-        rows = np.fromiter((table.setdefault(tuple((k, _hashable(a[k])) for k in (ARG_KEYS if _needs_inputs(
-            a.__contains__) else BASE_KEYS) if k in a), len(table)) for a in decoded), np.int32, len(decoded))
-        return (rows, [{k: _unhashable(v) for k, v in t} for t in table], _int_column([a.get(SEQ_KEY) for a in decoded]),
-                _int_column([a.get(CORR_KEY) for a in decoded]))
+        ids, raws = _select(path, [bytes(ev[j].args) for j in keep[idx].tolist()], (*ARG_KEYS, SEQ_KEY, CORR_KEY))
+        return (*_arg_rows(path, ids[:, :-1], raws), _corr_values(ids[:, -1], raws))
 
     def corr(idx: np.ndarray) -> np.ndarray:
-        raws = [bytes(ev[j].args) for j in keep[idx].tolist()]
-        return _int_column([a.get(CORR_KEY) if isinstance(a, dict) else None for a in _decode_values(path, raws)])
+        ids, raws = _select(path, [bytes(ev[j].args) for j in keep[idx].tolist()], (CORR_KEY,))
+        return _corr_values(ids[:, 0], raws)
 
     return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
                     name_id[keep], cat_id[keep], tid_id[keep], names, cats, top.baseTimeNanoseconds,
@@ -402,7 +499,9 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     ts, dur = sorted_col("ts", np.float64), sorted_col("dur", np.float64)
     name_id, cat_id, tid_id = (sorted_col(c, np.int32) for c in ("name_id", "cat_id", "tid_id"))
     # Only communication candidates' args are ever read (ARG_KEYS of them); the input goes after this.
-    kinds = cols.kinds if cols.kinds is not None else np.fromiter(map(_args_kind, cols.names), np.int8, len(cols.names))
+    # Decided on the decoded names, by both readers alike (the scanner kept the args of every name a
+    # hint may match, escaped ones included, so what is asked for here was kept).
+    kinds = np.fromiter(map(_args_kind, cols.names), np.int8, len(cols.names))
     cand = kinds == 1
     sorted_idx = np.flatnonzero(cand[name_id]) if len(cols.names) else np.zeros(0, np.int64)
     arg_row = np.full(len(ts), -1, np.int32)
@@ -426,21 +525,14 @@ _HINTS = ("nccl", "rccl", "reduce", "gather", "scatter", "all_to_all", "alltoall
           "lamport", "dispatch", "combine", "notify", "nvshmem", "mori", "symm_mem", "multimem")
 
 
-def _hashable(v):
-    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
-
-
-def _unhashable(v):
-    return [_unhashable(x) for x in v] if isinstance(v, tuple) else v
-
-
+_HINT_BYTES = tuple(h.encode() for h in _HINTS)
 _LAUNCH = "launch"  # cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel, cudaGraphLaunch, hipGraphLaunch, ...
 
 
 def _args_kind(name: str) -> int:
     """1: a communication candidate (args read); 2: a kernel or graph launch (correlation only); 0."""
-    low = name.lower()
-    return 1 if any(h in low for h in _HINTS) else 2 if _LAUNCH in low else 0
+    low = name.encode("utf-8", "surrogatepass").lower()  # ASCII case only, as the scanner matches hints
+    return 1 if any(h in low for h in _HINT_BYTES) else 2 if b"launch" in low else 0
 
 
 _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")

@@ -7,10 +7,12 @@
  * raw bytes, copied into the scanner's own arenas, so a chunk can be dropped once scanned:
  * memory is one chunk plus the columns, not the whole trace. Python decodes each distinct string
  * once. scan_feed returns how many bytes it consumed; an event (or top-level value) cut by the
- * chunk's end is left for the next call. Any input the scanner does not accept (malformed JSON,
- * a field of an unexpected type) sets err and the caller falls back to the msgspec decoder,
- * which names the problem; so this file only has to be right on the happy path and strict
- * elsewhere.
+ * chunk's end is left for the next call. Any input the scanner does not accept sets err (and
+ * err_pos): malformed JSON or a field of an unexpected type makes the caller fall back to the
+ * msgspec decoder where the input is small enough to decode whole (it names the problem), so
+ * this file only has to be right on the happy path and strict elsewhere; a truncated document,
+ * a token over max_token bytes and a second "traceEvents" are refused outright.
+ * Lengths are int64 until checked against max_token (at most 1 GiB), then stored as int32.
  */
 #define _GNU_SOURCE /* memmem */
 #include <stdint.h>
@@ -37,9 +39,11 @@ typedef struct {
     int64_t n, cap;
     double *ts, *dur;
     int32_t *name, *cat, *tid;
-    int64_t *args_off; /* into args, -1: not kept */
-    int32_t *args_len;
-    int64_t *corr; /* args "correlation" of events of flagged names (launches, candidates), else -1 */
+    /* Sparse, for the events of flagged names only (launches, candidates; a few per cent of a
+     * trace): their row, raw args span (off -1: not kept) and args "correlation" (-1: none). */
+    int64_t nk, capk;
+    int64_t *k_row, *k_off, *k_corr;
+    int32_t *k_len;
     table_t names, cats, tids;
     arena_t args, dist, meta;
     int64_t base_ns;
@@ -49,7 +53,9 @@ typedef struct {
     char **hints; /* lower-case */
     int32_t nhints;
     int64_t err_pos;
-    int32_t err; /* 0 ok, 1 malformed JSON, 2 unexpected type, 3 out of memory, 4 no events array */
+    int64_t max_token; /* longest string token, args object or kept top-level value, in bytes */
+    int32_t err; /* 0 ok, 1 malformed JSON, 2 unexpected type, 3 out of memory, 4 no events array,
+                  * 5 a token over max_token, 6 "traceEvents" twice, 7 the input ends inside the document */
 } scan_t;
 
 typedef struct {
@@ -63,8 +69,19 @@ static inline void ws(cur_t *c) {
     while (c->p < c->e && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
 }
 
-/* A string token starting at '"'; leaves p after the closing quote. Checks escapes and
- * control characters as JSON requires (UTF-8 is checked by Python for the strings it decodes). */
+static int32_t hex4(const unsigned char *p) {
+    int32_t v = 0;
+    for (int k = 0; k < 4; k++) {
+        unsigned char h = p[k];
+        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* A string token starting at '"'; leaves p after the closing quote. Checks escapes (a surrogate
+ * only in a pair) and control characters as JSON requires (UTF-8 is checked by Python for the strings it decodes). */
 static int skip_string(cur_t *c) {
     const unsigned char *p = c->p + 1, *e = c->e;
     for (;;) {
@@ -75,11 +92,19 @@ static int skip_string(cur_t *c) {
         if (p >= e) { c->p = p; FAIL(c, 1); }
         if (*p == 'u') {
             if (e - p < 5) { c->p = e; FAIL(c, 1); } /* cut by the chunk's end (or truncated) */
-            for (int k = 1; k <= 4; k++) {
-                unsigned char h = p[k];
-                if (!((h >= '0' && h <= '9') || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F'))) { c->p = p; FAIL(c, 1); }
-            }
+            int32_t u = hex4(p + 1);
+            if (u < 0 || (u >= 0xDC00 && u <= 0xDFFF)) { c->p = p; FAIL(c, 1); }
             p += 5;
+            if (u >= 0xD800 && u <= 0xDBFF) { /* a high surrogate: a low one must follow (UTF-16 pair), as msgspec requires */
+                static const char pre[2] = {'\\', 'u'};
+                int64_t have = e - p < 6 ? e - p : 6;
+                for (int64_t k = 0; k < have && k < 2; k++)
+                    if (p[k] != (unsigned char)pre[k]) { c->p = p; FAIL(c, 1); }
+                if (have < 6) { c->p = e; FAIL(c, 1); } /* cut (or truncated) */
+                int32_t lo = hex4(p + 2);
+                if (lo < 0xDC00 || lo > 0xDFFF) { c->p = p; FAIL(c, 1); }
+                p += 6;
+            }
         } else if (*p && strchr("\"\\/bfnrt", *p)) {
             p++;
         } else {
@@ -149,6 +174,7 @@ static int member_key(cur_t *c, const unsigned char **k, int32_t *kn) {
     if (c->p >= c->e || *c->p != '"') FAIL(c, 1);
     *k = c->p + 1;
     if (skip_string(c)) return -1;
+    if (c->p - 1 - *k > c->s->max_token) { c->p = *k - 1; FAIL(c, 5); }
     *kn = (int32_t)(c->p - 1 - *k);
     /* A key written with escapes ("p\u0068" is "ph") cannot be matched as raw bytes: refuse, and
      * the msgspec decoder, which applies JSON's rules, reads the trace. */
@@ -162,6 +188,14 @@ static int member_key(cur_t *c, const unsigned char **k, int32_t *kn) {
 }
 
 static int skip_value(cur_t *c, int depth);
+
+/* The length of the token from v to the cursor, refused (5) over max_token: int32 from here on. */
+static int token_len(cur_t *c, const unsigned char *v, int32_t *n) {
+    int64_t len = (int64_t)(c->p - v);
+    if (len > c->s->max_token || len > INT32_MAX) { c->p = v; FAIL(c, 5); } /* named at its start */
+    *n = (int32_t)len;
+    return 0;
+}
 
 static int skip_container(cur_t *c, int depth) {
     unsigned char close = *c->p == '{' ? '}' : ']';
@@ -206,7 +240,7 @@ static int skip_value(cur_t *c, int depth) {
 
 static uint32_t hash_bytes(const unsigned char *p, int32_t n) {
     uint32_t h = 2166136261u;
-    for (int32_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
+    for (size_t i = 0; i < (size_t)n; i++) h = (h ^ p[i]) * 16777619u;
     return h;
 }
 
@@ -218,6 +252,7 @@ static int grow(void **p, int64_t cap, size_t elem) {
 }
 
 static int64_t arena_put(arena_t *a, const void *p, int64_t n) {
+    if (n < 0) return -1;
     if (a->n + n > a->cap) {
         int64_t cap = a->cap ? a->cap : 4096;
         while (cap < a->n + n) cap *= 2;
@@ -239,7 +274,7 @@ static int has_hint(scan_t *s, const unsigned char *p, int32_t n) {
         if (corr_only) hint++;
         if (corr_only && found) continue;
         size_t k = strlen(hint);
-        for (int32_t i = 0; i + (int32_t)k <= n; i++) {
+        for (size_t i = 0; i + k <= (size_t)n; i++) {
             size_t j = 0;
             while (j < k) {
                 unsigned char ch = p[i + j];
@@ -260,6 +295,7 @@ static int has_hint(scan_t *s, const unsigned char *p, int32_t n) {
 /* The id of raw token p[0..n) in t, added (bytes copied) when new. */
 static int32_t intern(scan_t *s, table_t *t, const unsigned char *p, int32_t n, int flag) {
     uint32_t h = hash_bytes(p, n);
+    if (n < 0 || t->n >= INT32_MAX - 1) return -1; /* ids are int32 */
     if ((t->n + 1) * 2 > t->nslots) {
         int64_t ns = t->nslots ? t->nslots * 2 : 1024;
         int32_t *slot = calloc((size_t)ns, sizeof(int32_t));
@@ -301,10 +337,19 @@ static int reserve(scan_t *s) {
     if (s->n < s->cap) return 0;
     int64_t cap = s->cap ? s->cap * 2 : 4096;
     if (grow((void **)&s->ts, cap, 8) || grow((void **)&s->dur, cap, 8) || grow((void **)&s->name, cap, 4) ||
-        grow((void **)&s->cat, cap, 4) || grow((void **)&s->tid, cap, 4) || grow((void **)&s->args_off, cap, 8) ||
-        grow((void **)&s->args_len, cap, 4) || grow((void **)&s->corr, cap, 8))
+        grow((void **)&s->cat, cap, 4) || grow((void **)&s->tid, cap, 4))
         return -1;
     s->cap = cap;
+    return 0;
+}
+
+static int reserve_kept(scan_t *s) {
+    if (s->nk < s->capk) return 0;
+    int64_t cap = s->capk ? s->capk * 2 : 1024;
+    if (grow((void **)&s->k_row, cap, 8) || grow((void **)&s->k_off, cap, 8) || grow((void **)&s->k_corr, cap, 8) ||
+        grow((void **)&s->k_len, cap, 4))
+        return -1;
+    s->capk = cap;
     return 0;
 }
 
@@ -312,31 +357,41 @@ static inline int key_is(const unsigned char *k, int32_t n, const char *lit) {
     return (size_t)n == strlen(lit) && !memcmp(k, lit, (size_t)n);
 }
 
-/* A kernel launch's "correlation" number from its raw args object (`"correlation": N`, N a
- * non-negative integer of at most 18 digits), else -1. A plain search, not a parse: launches are
- * as many as kernels and their args are three numbers; a match preceded by a backslash is inside
- * a string and does not count. */
+/* The args' top-level "correlation" member when it is a non-negative integer of at most 18
+ * digits (the last one where a key repeats, as JSON decoders keep), else -1; -2 when a key is
+ * written with escapes (the caller decodes that object in Python, by JSON's rules). The args
+ * were checked when skipped, so this walk only finds the members. */
 static int64_t find_correlation(const unsigned char *a, int32_t n) {
-    static const char key[] = "\"correlation\"";
-    const size_t kn = sizeof key - 1;
-    const unsigned char *p = a, *e = a + n;
-    while (p < e) {
-        const unsigned char *q = memmem(p, (size_t)(e - p), key, kn);
-        if (!q) return -1;
-        p = q + kn;
-        if (q > a && q[-1] == '\\') continue;
-        while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        if (p >= e || *p != ':') continue;
-        p++;
-        while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        int64_t x = 0;
-        int digits = 0;
-        while (p < e && *p >= '0' && *p <= '9' && digits <= 18) { x = x * 10 + (*p - '0'); p++; digits++; }
-        if (digits == 0 || digits > 18 || (p < e && *p != ',' && *p != '}' && *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t'))
-            return -1;
-        return x;
+    scan_t tmp;
+    tmp.err = 0;
+    tmp.max_token = INT32_MAX;
+    cur_t c = {a, a, a + n, &tmp};
+    if (n <= 0 || *a != '{') return -1;
+    c.p++;
+    ws(&c);
+    if (c.p < c.e && *c.p == '}') return -1;
+    int64_t found = -1;
+    for (;;) {
+        ws(&c);
+        const unsigned char *k;
+        int32_t kn;
+        if (member_key(&c, &k, &kn)) return tmp.err == 2 ? -2 : -1;
+        const unsigned char *v = c.p;
+        if (skip_value(&c, 1)) return -1;
+        if (key_is(k, kn, "correlation")) {
+            int64_t len = c.p - v, x = 0;
+            found = -1;
+            if (len >= 1 && len <= 18) {
+                int64_t i = 0;
+                while (i < len && v[i] >= '0' && v[i] <= '9') x = x * 10 + (v[i++] - '0');
+                if (i == len) found = x;
+            }
+        }
+        ws(&c);
+        if (c.p >= c.e || *c.p != ',') break;
+        c.p++;
     }
-    return -1;
+    return found;
 }
 
 /* One event object; appends a row when its ph is "X". Fields are read only when typed as the
@@ -361,12 +416,14 @@ static int event(cur_t *c) {
         if (key_is(k, kn, "ph")) {
             if (*v != '"') FAIL(c, 2);
             if (skip_string(c)) return -1;
-            if (memchr(v + 1, '\\', (size_t)(c->p - v - 1))) FAIL(c, 2); /* an escaped ph: msgspec decides */
+            for (const unsigned char *q = v + 1; q < c->p - 1; q++) /* escaped or non-ASCII (UTF-8 unchecked here): msgspec decides */
+                if (*q == '\\' || *q >= 0x80) FAIL(c, 2);
             is_x = c->p - v == 3 && v[1] == 'X';
         } else if (key_is(k, kn, "name") || key_is(k, kn, "cat")) {
             if (*v != '"') FAIL(c, 2);
-            if (skip_string(c)) return -1;
-            int32_t id = intern(s, kn == 4 ? &s->names : &s->cats, v, (int32_t)(c->p - v), kn == 4);
+            int32_t vn;
+            if (skip_string(c) || token_len(c, v, &vn)) return -1;
+            int32_t id = intern(s, kn == 4 ? &s->names : &s->cats, v, vn, kn == 4);
             if (id < 0) FAIL(c, 3);
             if (kn == 4) name = id; else cat = id;
         } else if (key_is(k, kn, "ts") || key_is(k, kn, "dur")) {
@@ -380,12 +437,13 @@ static int event(cur_t *c) {
             else FAIL(c, 2);
             if (!is_int) FAIL(c, 2);
             if (c->p >= c->e) FAIL(c, 1); /* a number cut by the chunk's end may go on: not interned yet */
-            tid = intern(s, &s->tids, v, (int32_t)(c->p - v), 0);
+            int32_t vn;
+            if (token_len(c, v, &vn)) return -1;
+            tid = intern(s, &s->tids, v, vn, 0);
             if (tid < 0) FAIL(c, 3);
         } else if (key_is(k, kn, "args")) {
-            if (skip_value(c, 1)) return -1;
+            if (skip_value(c, 1) || token_len(c, v, &args_len)) return -1;
             args = v;
-            args_len = (int32_t)(c->p - v);
         } else if (skip_value(c, 1)) return -1;
         ws(c);
         if (c->p >= c->e) FAIL(c, 1);
@@ -401,15 +459,18 @@ static int event(cur_t *c) {
     s->name[i] = name;
     s->cat[i] = cat;
     s->tid[i] = tid;
-    s->args_off[i] = -1;
-    s->args_len[i] = 0;
-    s->corr[i] = -1;
-    if (args && s->names.flag[name]) s->corr[i] = find_correlation(args, args_len);
-    if (args && s->names.flag[name] == 1) {
+    if (!args || !s->names.flag[name]) return 0;
+    if (reserve_kept(s)) FAIL(c, 3);
+    int64_t k = s->nk++;
+    s->k_row[k] = i;
+    s->k_corr[k] = find_correlation(args, args_len);
+    s->k_off[k] = -1;
+    s->k_len[k] = 0;
+    if (s->names.flag[name] == 1 || s->k_corr[k] == -2) { /* -2: Python reads these args */
         int64_t off = arena_put(&s->args, args, args_len);
         if (off < 0) FAIL(c, 3);
-        s->args_off[i] = off;
-        s->args_len[i] = args_len;
+        s->k_off[k] = off;
+        s->k_len[k] = args_len;
     }
     return 0;
 }
@@ -441,12 +502,14 @@ scan_t *scan_open(const char *const *hints, int32_t nhints) {
         if (!s->hints[i]) { s->err = 3; return s; }
     }
     s->nhints = nhints;
+    s->max_token = (int64_t)1 << 30;
     return s;
 }
 
 void scan_close(scan_t *s) {
     if (!s) return;
-    free(s->ts); free(s->dur); free(s->name); free(s->cat); free(s->tid); free(s->args_off); free(s->args_len); free(s->corr);
+    free(s->ts); free(s->dur); free(s->name); free(s->cat); free(s->tid);
+    free(s->k_row); free(s->k_off); free(s->k_corr); free(s->k_len);
     table_release(&s->names);
     table_release(&s->cats);
     table_release(&s->tids);
@@ -466,7 +529,7 @@ int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
         ws(&c);
         const unsigned char *mark = c.p; /* everything before is consumed */
         if (c.p >= c.e) {
-            if (final && s->state != 4) { s->err = 1; s->err_pos = len; return -1; }
+            if (final && s->state != 4) { s->err = s->state == 0 ? 4 : 7; s->err_pos = len; return -1; }
             return (int64_t)(mark - c.b);
         }
         int rc = 0;
@@ -484,6 +547,7 @@ int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
             if ((rc = member_key(&c, &k, &kn))) break;
             const unsigned char *v = c.p;
             if (key_is(k, kn, "traceEvents")) {
+                if (s->found) { s->err = 6; s->err_pos = (int64_t)(k - c.b); return -1; } /* which one is the trace? */
                 if (*c.p != '[') { s->err = 2; return -1; }
                 c.p++;
                 s->found = 1; s->state = 2; s->first = 1; s->after_comma = 0;
@@ -508,6 +572,7 @@ int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
             int dist = key_is(k, kn, "distributedInfo");
             if (dist || key_is(k, kn, "commprobe")) {
                 arena_t *a = dist ? &s->dist : &s->meta;
+                if (c.p - v > s->max_token) { s->err = 5; s->err_pos = (int64_t)(v - c.b); return -1; }
                 a->n = 0;
                 if (arena_put(a, v, c.p - v) < 0) { s->err = 3; return -1; }
                 *(dist ? &s->has_dist : &s->has_meta) = 1;
@@ -538,6 +603,7 @@ int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
                 s->err_pos = 0;
                 return (int64_t)(mark - c.b);
             }
+            if (final && s->err == 1 && s->err_pos >= len) s->err = 7; /* the input ends inside an event */
             return -1;
         }
     }
@@ -545,19 +611,28 @@ int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
 
 int32_t scan_error(scan_t *s) { return s->err ? s->err : (s->found ? 0 : 4); }
 int64_t scan_rows(scan_t *s) { return s->n; }
+int64_t scan_error_pos(scan_t *s) { return s->err_pos; }
+void scan_set_max_token(scan_t *s, int64_t n) { s->max_token = n; }
 int64_t scan_base_ns(scan_t *s) { return s->base_ns; }
 
-/* Columns: 0 ts, 1 dur, 2 name, 3 cat, 4 tid, 5 args_off, 6 args_len, 7 corr. */
-void *scan_column(scan_t *s, int32_t which) {
-    void *cols[8] = {s->ts, s->dur, s->name, s->cat, s->tid, s->args_off, s->args_len, s->corr};
-    return which >= 0 && which < 8 ? cols[which] : NULL;
+/* Columns: 0 ts, 1 dur, 2 name, 3 cat, 4 tid (s->n rows); 5 k_row, 6 k_off, 7 k_len, 8 k_corr (s->nk rows). */
+static void **column(scan_t *s, int32_t which) {
+    void **cols[9] = {(void **)&s->ts, (void **)&s->dur, (void **)&s->name, (void **)&s->cat, (void **)&s->tid,
+                      (void **)&s->k_row, (void **)&s->k_off, (void **)&s->k_len, (void **)&s->k_corr};
+    return which >= 0 && which < 9 ? cols[which] : NULL;
 }
+
+void *scan_column(scan_t *s, int32_t which) {
+    void **p = column(s, which);
+    return p ? *p : NULL;
+}
+
+int64_t scan_kept(scan_t *s) { return s->nk; }
 
 /* Free one column as soon as the caller has copied it. */
 void scan_drop_column(scan_t *s, int32_t which) {
-    void **cols[8] = {(void **)&s->ts, (void **)&s->dur, (void **)&s->name, (void **)&s->cat, (void **)&s->tid,
-                      (void **)&s->args_off, (void **)&s->args_len, (void **)&s->corr};
-    if (which >= 0 && which < 8) { free(*cols[which]); *cols[which] = NULL; }
+    void **p = column(s, which);
+    if (p) { free(*p); *p = NULL; }
 }
 
 /* String tables: 0 names, 1 cats, 2 tids; their size, each entry's (offset, length) in bytes. */
@@ -581,17 +656,20 @@ char *scan_arena(scan_t *s, int32_t which, int64_t *len) {
 
 /* The values of a few named keys of each given "args" object (raw bytes at buf + off[i], already
  * valid JSON), interned by raw bytes: out[i * nkeys + k] is the id of event i's value for keys[k]
- * in the returned table, or -1 when absent. */
+ * in the returned table (the last one where a key repeats), -1 when absent, and -2 in every key
+ * of an object with a key written with escapes (the caller decodes it by JSON's rules). */
 table_t *args_fields(const char *buf, int64_t len, int64_t n, const int64_t *off, const int32_t *alen, int32_t nkeys,
                      const char *const *keys, const int32_t *klen, int32_t *out) {
     scan_t tmp;
     memset(&tmp, 0, sizeof tmp);
+    tmp.max_token = INT32_MAX; /* the spans were checked when they were kept */
     table_t *t = calloc(1, sizeof(table_t));
     if (!t) return NULL;
     cur_t c = {(const unsigned char *)buf, (const unsigned char *)buf, (const unsigned char *)buf + len, &tmp};
     for (int64_t i = 0; i < n; i++) {
         for (int32_t k = 0; k < nkeys; k++) out[i * nkeys + k] = -1;
         if (off[i] < 0 || buf[off[i]] != '{') continue;
+        tmp.err = 0;
         c.p = (const unsigned char *)buf + off[i];
         c.e = c.p + alen[i];
         c.p++;
@@ -601,7 +679,10 @@ table_t *args_fields(const char *buf, int64_t len, int64_t n, const int64_t *off
             ws(&c);
             const unsigned char *kk;
             int32_t kn;
-            if (member_key(&c, &kk, &kn)) break;
+            if (member_key(&c, &kk, &kn)) { /* a key written with escapes: -2, the caller decodes the object */
+                if (tmp.err == 2) for (int32_t k = 0; k < nkeys; k++) out[i * nkeys + k] = -2;
+                break;
+            }
             const unsigned char *v = c.p;
             if (skip_value(&c, 1)) break;
             for (int32_t k = 0; k < nkeys; k++) {

@@ -130,3 +130,68 @@ def test_escapes_are_the_same_string_in_both_readers(tmp_path, monkeypatch, name
     assert a["axis_provenance"] == {"tp_allreduce": {"inferred": 1}}
     monkeypatch.setenv("COMMPROBE_PURE_PYTHON", "1")
     _same(a, analyze(p))
+
+
+def test_a_second_trace_events_key_is_refused_by_both_readers(tmp_path):
+    """JSON leaves duplicate keys undefined: one reader concatenated, the other kept the last.
+    Which array is the trace is ambiguous, so both refuse, naming it."""
+    p = tmp_path / "twice.json"
+    p.write_bytes(doc()[:-1] + b', "traceEvents": [' + json.dumps(EVENT).encode() + b"]}")
+    one_line_exit_2(p, '"traceEvents" appears twice')
+
+
+def test_a_token_over_the_limit_is_refused_not_cast(tmp_path):
+    """Lengths stay int64 until checked: a string (or args object) over the limit is refused with
+    its position, never wrapped into a negative int32 (the limit is 1 GiB; 64 bytes here)."""
+    from commprobe.analyzers import native
+
+    if native.load_scanner()[0] is None:
+        pytest.skip(f"no trace scanner: {native.load_scanner()[1]}")
+    for long in (b'"name": "' + b"n" * 100 + b'"', b'"cat": "' + b"c" * 100 + b'"', b'"tid": "' + b"t" * 100 + b'"',
+                 b'"args": {"x": "' + b"a" * 100 + b'"}', b'"' + b"k" * 100 + b'": 1'):
+        data = b'{"traceEvents": [{"ph": "X", "ts": 0, "dur": 1, ' + long + b"}]}"
+        r = native.scan([data], ("nccl",), max_token=64)
+        assert isinstance(r, native.Refused) and r.code == 5 and 30 < r.pos < 60, (long[:10], r)
+        assert "over 64 bytes" in r.reason(64)
+        assert not isinstance(native.scan([data], ("nccl",), max_token=200), native.Refused)
+
+
+def test_a_huge_event_cut_by_every_chunk_is_scanned_in_linear_work(tmp_path, monkeypatch):
+    """An event longer than a chunk is scanned again from its start with what follows; waiting until
+    the cut part has doubled bounds the bytes handed to the scanner by a small multiple of the
+    input (re-scanning on every chunk handed over ~n²/2chunk: 128x the input here)."""
+    from commprobe.analyzers import native, trace
+
+    if native.load_scanner()[0] is None:
+        pytest.skip(f"no trace scanner: {native.load_scanner()[1]}")
+    data = doc(rpc(blob="x" * (4 << 20)))
+    chunks = [data[i:i + (16 << 10)] for i in range(0, len(data), 16 << 10)]
+    s = native.scan(chunks, trace._HINTS)
+    assert isinstance(s, native.Scanned) and s.nbytes == len(data) and len(s.kept_row) == 1
+    assert s.fed < 4 * len(data), s.fed / len(data)
+    p = tmp_path / "huge.json"
+    p.write_bytes(data)
+    monkeypatch.setattr(trace, "CHUNK", 16 << 10)
+    assert analyze(p)["axis_provenance"] == {"tp_allreduce": {"inferred": 1}}
+
+
+def test_an_unclosed_gzip_bomb_is_refused_while_streaming_not_inflated_whole(tmp_path, monkeypatch):
+    """A few kB of gzip inflating to whitespace inside an open events array: the scanner reads it
+    chunk by chunk and refuses it at its end, and no whole-document decoder gets it after."""
+    import zlib
+
+    from commprobe.analyzers import native, trace
+
+    if native.load_scanner()[0] is None:
+        pytest.skip(f"no trace scanner: {native.load_scanner()[1]}")
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    p = tmp_path / "bomb.json.gz"
+    p.write_bytes(z.compress(b'{"traceEvents": [') + b"".join(z.compress(b" " * (1 << 20)) for _ in range(64)) + z.flush())
+    assert p.stat().st_size < 200_000
+
+    def whole(path):
+        raise AssertionError("handed to the whole-document decoder")
+
+    monkeypatch.setattr(trace, "_read_bytes", whole)
+    with pytest.raises(trace.TraceError, match="ends early"):
+        trace.load_trace(p)

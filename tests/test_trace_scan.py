@@ -87,12 +87,15 @@ def test_awkward_json_scans_like_msgspec(tmp_path):
     ('{"traceEvents": [{"ph": "X", "ts": 05, "dur": 1}]}', "not JSON"),
     ('{"traceEvents": [{"ph": "X", "name": "a\\q", "ts": 5, "dur": 1}]}', "not JSON"),
     ('{"traceEvents": [{"ph": "X", "ts": 5, "dur": 1}]} x', "not JSON"),
-    ('{"traceEvents": [{"ph": "X", "ts": 5, "dur": 1}', "not JSON"),
+    ('{"traceEvents": [{"ph": "X", "ts": 5, "dur": 1}', "the document ends early"),
+    ('{"traceEvents": [{"ph": "X", "ts": 5, "dur": 1}], "traceEvents": []}', "appears twice"),
 ])
 def test_input_the_scanner_refuses_is_named_by_msgspec(tmp_path, text, needle):
+    """Refused input is named: by msgspec where it can read the document whole, by the scanner
+    where a second decoder would only cost memory (truncated, too large, ambiguous)."""
     p = tmp_path / "bad.json"
     p.write_text(text)
-    assert native.scan([text.encode()], ()) is None
+    assert isinstance(native.scan([text.encode()], ()), native.Refused)
     with pytest.raises(TraceError, match=needle):
         load_trace(p)
 
