@@ -39,7 +39,7 @@ def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None
 
 
 def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
-            align: str = "base", jobs: int = 1, scheduler: str | None = None) -> dict:
+            align: str = "base", jobs: int = 1, scheduler: str | None = None, rank_from: str | None = None) -> dict:
     """Map each rank's trace to a summary (ranks.py; `jobs` > 1: in that many worker processes;
     `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
     where the map ran."""
@@ -53,7 +53,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     links: dict[str, int] = {}
     graphs: dict[int, dict] = {}
     rank_set = RankSet(path)
-    for s in map_ranks(trace_files(path), rules, jobs, scheduler):
+    for s in map_ranks(trace_files(path), rules, jobs, scheduler, rank_from):
         rank_set.add(s.rank, s.path, s.distributed)
         ranks.append(s.breakdown)
         calls[s.rank] = s.calls

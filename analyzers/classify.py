@@ -57,6 +57,7 @@ _OP_ALIASES = {
     "alltoallv": "all_to_all", "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
     "send": "send_recv", "recv": "send_recv", "recv_": "send_recv", "sendrecv": "send_recv", "send_recv": "send_recv",
     "recv_any_source": "send_recv", "batch_isend_irecv": "send_recv", "barrier": "barrier", "monitored_barrier": "barrier",
+    "bcast": "broadcast", "isend": "send_recv", "irecv": "send_recv",
 }
 _BUS_FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                 "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
@@ -100,7 +101,13 @@ def _kernel_table() -> tuple[list[tuple[re.Pattern, str | None]], tuple[str, ...
 
 
 _KERNEL_RULES, _COMM_HINTS = _kernel_table()
-_CPU_OP = re.compile(r"^(?:c10d|c10d_functional|_c10d_functional)::(\w+)|^(?:nccl|gloo|mpi|ucc|dda):(\w+)")
+# Host collective ops: torch's (c10d::*, nccl:*, ...), NCCL's own NVTX API ranges (named after the API
+# function by NVTX3_FUNC_WITH_PARAMS: NVIDIA/nccl src/collectives.cc; RCCL adds "_impl"), and the
+# MPI API ranges Nsight Systems records (`nsys profile --trace=mpi`, NVTX domain "MPI").
+_CPU_OP = re.compile(r"^(?:c10d|c10d_functional|_c10d_functional)::(\w+)|^(?:nccl|gloo|mpi|ucc|dda):(\w+)"
+                     r"|^nccl(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AllToAll|Gather|Scatter)"
+                     r"(?:_impl)?$|^MPI_(Allreduce|Allgather|Alltoallv?|Reduce_scatter|Bcast|Send|Recv|Isend|Irecv"
+                     r"|Sendrecv|Barrier|Reduce|Gather|Scatter)$")
 _OWN_SPAN = re.compile(r"^commprobe/comm/(\w+)/(\w+)/bytes=(\d+)(?:/dtype=(\w+))?(?:/group=(\d+))?(?:/backend=(\w+))?")
 # Window annotations (phases.py): markers, not work.
 _PHASE = re.compile(r"^commprobe/(prefill|decode)\b|^ProfilerStep#\d+|^execute_context_\d|^execute_new_\d|^step\[|^(?:\[Executor\] )?_forward_step")
@@ -224,7 +231,7 @@ def _builtin_class(name: str, cat: str) -> NameClass:  # callers never mutate th
             return NameClass(OTHER_COMM, needs_args=True, axis_source=UNKNOWN)
         m = _CPU_OP.match(name)
         if m:
-            op = normalize_op(m.group(1) or m.group(2))
+            op = normalize_op(next(g for g in m.groups() if g))
             if op:
                 axis, src = axis_for(op)
                 return NameClass(category_for(op, axis), op, axis, needs_args=True, axis_source=src)

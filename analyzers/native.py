@@ -75,11 +75,13 @@ class Refused:
     WHY = {1: "not valid JSON", 2: "a field of an unexpected type (or a key written with escapes)",
            3: "out of memory", 4: "no traceEvents array", 5: "a string or args object over {max} bytes",
            6: "\"traceEvents\" appears twice (which one is the trace is ambiguous)",
-           7: "the document ends early (truncated?)"}
-    FINAL = frozenset({3, 5, 6, 7})  # never worth a second decoder: it would refuse too, after more memory
+           7: "the document ends early (truncated?)",
+           8: "more complete events than the memory here holds (each kept event costs ~{per_event} bytes)"}
+    FINAL = frozenset({3, 5, 6, 7, 8})  # never worth a second decoder: it would refuse too, after more memory
 
-    def reason(self, max_token: int) -> str:
-        return self.WHY.get(self.code, f"scanner error {self.code}").format(max=max_token) + f" at byte {self.pos}"
+    def reason(self, max_token: int, per_event: int = 0) -> str:
+        why = self.WHY.get(self.code, f"scanner error {self.code}").format(max=max_token, per_event=per_event)
+        return f"{why} at byte {self.pos}"
 
 
 _LIB: ctypes.CDLL | None = None
@@ -101,6 +103,7 @@ def load_scanner() -> tuple[ctypes.CDLL | None, str]:
     lib.scan_feed.restype = ctypes.c_int64
     lib.scan_error_pos.argtypes, lib.scan_error_pos.restype = [_vp], ctypes.c_int64
     lib.scan_set_max_token.argtypes, lib.scan_set_max_token.restype = [_vp, ctypes.c_int64], None
+    lib.scan_set_max_rows.argtypes, lib.scan_set_max_rows.restype = [_vp, ctypes.c_int64], None
     lib.scan_kept.argtypes, lib.scan_kept.restype = [_vp], ctypes.c_int64
     lib.scan_error.argtypes, lib.scan_error.restype = [_vp], ctypes.c_int32
     lib.scan_rows.argtypes, lib.scan_rows.restype = [_vp], ctypes.c_int64
@@ -162,7 +165,8 @@ def _feed(lib, s, buf: bytearray, final: int) -> int:
         del view  # the bytearray may be resized again only once no view holds it
 
 
-def scan(chunks: Iterable[bytes], hints: tuple[str, ...], max_token: int = MAX_TOKEN) -> Scanned | Refused | None:
+def scan(chunks: Iterable[bytes], hints: tuple[str, ...], max_token: int = MAX_TOKEN,
+         max_rows: int = 1 << 62) -> Scanned | Refused | None:
     """Columns of the complete events in the JSON that `chunks` yields (one chunk in memory at a
     time), with the raw args of events whose name contains one of `hints` (a hint written '#x':
     only the args' "correlation" number); Refused (why, where) when the scanner does not accept the
@@ -181,6 +185,7 @@ def scan(chunks: Iterable[bytes], hints: tuple[str, ...], max_token: int = MAX_T
         return None
     try:
         lib.scan_set_max_token(s, max_token)
+        lib.scan_set_max_rows(s, max_rows)
         buf, start, total, fed, wait = bytearray(), 0, 0, 0, 0  # start: offset of buf[0] in the input
         for chunk in chunks:
             total += len(chunk)

@@ -19,7 +19,8 @@ from . import collectives as coll
 from .attribution import rank_breakdown
 from .classify import Rule, classify
 from .graphs import graph_facts
-from .trace import TraceError, load_trace
+from .sources import traces_in
+from .trace import TraceError
 
 
 @dataclass
@@ -36,33 +37,38 @@ class RankSummary:
     unknown_names: dict[str, int]
 
 
-def summarize(file: str | Path, rules: list[Rule] = ()) -> RankSummary:
-    """The map: everything the reduce needs from one rank's trace."""
-    t = load_trace(file)
-    cls = classify(t, list(rules))
-    return RankSummary(t.rank, t.path, t.distributed, t.origin_ns, t.uncompressed_bytes, rank_breakdown(t, cls),
-                       coll.primary_calls(t, cls), graph_facts(t), dict(cls.links), dict(cls.unknown_names))
+def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None) -> list[RankSummary]:
+    """The map: everything the reduce needs from each rank a file holds (one for a Kineto trace;
+    one per process and device for an Nsight export), one rank in memory at a time."""
+    out = []
+    for t in traces_in(file, rank_from):
+        cls = classify(t, list(rules))
+        out.append(RankSummary(t.rank, t.path, t.distributed, t.origin_ns, t.uncompressed_bytes, rank_breakdown(t, cls),
+                               coll.primary_calls(t, cls), graph_facts(t), dict(cls.links), dict(cls.unknown_names)))
+        del t, cls
+    return out
 
 
-def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1, scheduler: str | None = None):
+def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1, scheduler: str | None = None,
+              rank_from: str | None = None):
     """Summaries of `files`, in their order: in this process (one rank in memory at a time), in
     `jobs` worker processes, or as tasks on the Dask cluster at `scheduler`. A worker's error (an
     unreadable trace) is raised here as it was."""
     if scheduler:
-        yield from _map_dask(files, rules, scheduler)
+        yield from _map_dask(files, rules, scheduler, rank_from)
         return
     jobs = max(1, min(jobs, len(files)))
     if jobs == 1:
         for f in files:
-            yield summarize(f, rules)
+            yield from summarize(f, rules, rank_from)
         return
     from concurrent.futures import ProcessPoolExecutor  # only with a pool: a one-rank analysis starts faster
 
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(summarize, f, list(rules)) for f in files]
+        futures = [pool.submit(summarize, f, list(rules), rank_from) for f in files]
         try:
             for fut in futures:
-                yield fut.result()
+                yield from fut.result()
         finally:
             for fut in futures:
                 fut.cancel()
@@ -71,7 +77,7 @@ def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1, schedule
 CONNECT_TIMEOUT_S = 8  # the whole command answers within 10 s
 
 
-def _map_dask(files: list[Path], rules: list[Rule], address: str):
+def _map_dask(files: list[Path], rules: list[Rule], address: str, rank_from: str | None = None):
     """One task per rank on an existing Dask distributed cluster (dask-jobqueue on SLURM,
     dask-kubernetes, or `dask scheduler` + `dask worker` by hand): each worker opens its trace from
     the path (a filesystem the workers share) and only the summary travels back. A task whose
@@ -86,12 +92,12 @@ def _map_dask(files: list[Path], rules: list[Rule], address: str):
         raise TraceError(f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_S} s "
                          f"({type(e).__name__})") from None
     with client:
-        futures = client.map(summarize, [str(Path(f).resolve()) for f in files], rules=list(rules), retries=1,
-                             pure=False)
+        futures = client.map(summarize, [str(Path(f).resolve()) for f in files], rules=list(rules), rank_from=rank_from,
+                             retries=1, pure=False)
         try:
             for f, fut in zip(files, futures):
                 try:
-                    yield fut.result()
+                    yield from fut.result()
                 except TraceError:
                     raise
                 except Exception as e:  # KilledWorker after the retry, a worker that cannot import us

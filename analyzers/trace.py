@@ -109,11 +109,19 @@ class Trace:
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
-def max_trace_bytes(streamed: bool = False) -> int:
-    """The largest uncompressed trace we take on: whole-trace decoding (msgspec) needs several
-    times the trace in memory, so about a third of free memory; the streaming scanner needs one
-    chunk plus columns of about a fifth of the trace, so up to twice free memory.
-    COMMPROBE_MAX_TRACE_BYTES sets one limit for both."""
+# Peak memory per complete event over the whole analysis (columns, sorting, classification,
+# attribution), measured on tiny events (bench/hostile.py: 115 B/event at 5 M events, interpreter
+# aside). The README states the bound; the scanner refuses a trace with more events than fit.
+BYTES_PER_EVENT = 160
+
+
+def max_events() -> int:
+    """The most complete events one trace may have here: free memory / BYTES_PER_EVENT
+    (COMMPROBE_MAX_TRACE_BYTES, when set, stands for free memory)."""
+    return _available() // BYTES_PER_EVENT
+
+
+def _available() -> int:
     env = os.environ.get("COMMPROBE_MAX_TRACE_BYTES")
     if env:
         return int(env)
@@ -124,6 +132,17 @@ def max_trace_bytes(streamed: bool = False) -> int:
                 avail = int(line.split()[1]) * 1024
     except OSError:
         pass
+    return avail
+
+
+def max_trace_bytes(streamed: bool = False) -> int:
+    """The largest uncompressed trace we take on: whole-trace decoding (msgspec) needs several
+    times the trace in memory, so about a third of free memory; the streaming scanner needs one
+    chunk plus columns of about a fifth of the trace, so up to twice free memory.
+    COMMPROBE_MAX_TRACE_BYTES sets one limit for both."""
+    if os.environ.get("COMMPROBE_MAX_TRACE_BYTES"):
+        return _available()
+    avail = _available()
     return avail * 2 if streamed else avail // 3
 
 
@@ -380,12 +399,12 @@ def _columns_native(path: Path) -> _Columns | None:
     (no scanner here, or input it refuses that the whole-document decoder may read or name better).
     Input refused for its size or shape (truncated, a token over native.MAX_TOKEN, "traceEvents"
     twice) is an error here: handing it to a whole-document decoder would only cost more memory."""
-    s = native.scan(_iter_chunks(path), (*_HINTS, "#" + _LAUNCH))
+    s = native.scan(_iter_chunks(path), (*_HINTS, "#" + _LAUNCH), max_rows=max_events())
     if s is None:
         return None
     if isinstance(s, native.Refused):
         if s.code in native.Refused.FINAL:
-            raise TraceError(f"{path}: {s.reason(native.MAX_TOKEN)}")
+            raise TraceError(f"{path}: {s.reason(native.MAX_TOKEN, BYTES_PER_EVENT)}")
         return None
     try:  # each distinct raw token decoded once (escapes and UTF-8 checked by msgspec)
         names = msgspec.json.decode(b"[" + b",".join(s.name_raw) + b"]", type=list[str])
@@ -443,6 +462,8 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
     top = _decode_top(path, data)
     ev = top.traceEvents
     keep = np.flatnonzero(np.fromiter(map("X".__eq__, map(_get_ph, ev)), bool, len(ev)))
+    if len(keep) > max_events():  # the scanner's cap, for the same answer (this path's bytes were capped first)
+        raise TraceError(f"{path}: {native.Refused(8, 0, len(data)).reason(native.MAX_TOKEN, BYTES_PER_EVENT)}")
     m = len(ev)
     name_id, names = factorize(list(map(_get_name, ev)))
     cat_id, cats = factorize(list(map(_get_cat, ev)))
@@ -546,8 +567,11 @@ def factorize(values: list) -> tuple[np.ndarray, list]:
     return np.fromiter(map(table.__getitem__, values), np.int64, len(values)), list(table)
 
 
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".db")  # Kineto JSON; Nsight, rocpd (sources.py)
+
+
 def _trace_files(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+    return sorted(p for p in d.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
                   and p.name not in ("manifest.json", "timings.json") and not p.name.startswith("."))
 
 
@@ -571,7 +595,8 @@ def trace_files(path: str | Path) -> list[Path]:
     except OSError as e:
         raise TraceError(f"{path}: cannot list ({e.strerror})") from None
     if not files:
-        raise TraceError(f"{path}: no traces (*.json or *.json.gz) in this directory")
+        raise TraceError(f"{path}: no traces (*.json, *.json.gz, Nsight *.sqlite or *.nsys-rep, rocpd *.db) "
+                         "in this directory")
     return files
 
 

@@ -54,8 +54,10 @@ typedef struct {
     int32_t nhints;
     int64_t err_pos;
     int64_t max_token; /* longest string token, args object or kept top-level value, in bytes */
+    int64_t max_rows; /* most complete events kept: memory is bound by what is kept, not by the JSON's size */
     int32_t err; /* 0 ok, 1 malformed JSON, 2 unexpected type, 3 out of memory, 4 no events array,
-                  * 5 a token over max_token, 6 "traceEvents" twice, 7 the input ends inside the document */
+                  * 5 a token over max_token, 6 "traceEvents" twice, 7 the input ends inside the document,
+                  * 8 more than max_rows complete events */
 } scan_t;
 
 typedef struct {
@@ -452,6 +454,7 @@ static int event(cur_t *c) {
         FAIL(c, 1);
     }
     if (!is_x) return 0;
+    if (s->n >= s->max_rows) FAIL(c, 8);
     if (reserve(s)) FAIL(c, 3);
     int64_t i = s->n++;
     s->ts[i] = ts;
@@ -503,6 +506,7 @@ scan_t *scan_open(const char *const *hints, int32_t nhints) {
     }
     s->nhints = nhints;
     s->max_token = (int64_t)1 << 30;
+    s->max_rows = INT64_MAX;
     return s;
 }
 
@@ -613,6 +617,7 @@ int32_t scan_error(scan_t *s) { return s->err ? s->err : (s->found ? 0 : 4); }
 int64_t scan_rows(scan_t *s) { return s->n; }
 int64_t scan_error_pos(scan_t *s) { return s->err_pos; }
 void scan_set_max_token(scan_t *s, int64_t n) { s->max_token = n; }
+void scan_set_max_rows(scan_t *s, int64_t n) { s->max_rows = n; }
 int64_t scan_base_ns(scan_t *s) { return s->base_ns; }
 
 /* Columns: 0 ts, 1 dur, 2 name, 3 cat, 4 tid (s->n rows); 5 k_row, 6 k_off, 7 k_len, 8 k_corr (s->nk rows). */

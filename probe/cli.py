@@ -129,6 +129,8 @@ def analyze(
     jobs: int = typer.Option(0, help="Ranks analyzed at once, each in its own process (0: the usable cores)."),
     scheduler: str | None = typer.Option(None, envvar="COMMPROBE_DASK_SCHEDULER",
                                          help="A Dask scheduler (tcp://host:port): analyze the ranks on its cluster."),
+    rank_from: str | None = typer.Option(None, help="Nsight exports: a regex whose first group, in the file name, "
+                                                    "is the rank (e.g. 'node(\\d+)')."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
     import json
@@ -142,7 +144,7 @@ def analyze(
     if jobs < 0:
         fail("--jobs must be >= 0")
     result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=jobs or default_jobs(),
-                          scheduler=scheduler)
+                          scheduler=scheduler, rank_from=rank_from)
     if out_file:
         from pathlib import Path
 

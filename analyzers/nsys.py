@@ -1,0 +1,216 @@
+"""Nsight Systems SQLite exports (`nsys export --type sqlite`) as the trace model of trace.py.
+
+The export holds what a Kineto trace holds, in tables: kernels, copies and memsets
+(CUPTI_ACTIVITY_KIND_KERNEL / MEMCPY / MEMSET, names in StringIds), the CUDA runtime calls that
+launched them (CUPTI_ACTIVITY_KIND_RUNTIME, `correlationId` = Kineto's `correlation`) on host
+threads, and NVTX ranges (NVTX_EVENTS: NCCL's own API ranges, engines' step ranges, torch's
+`emit_nvtx` op ranges). Each becomes one event of a `Trace`, with Kineto's categories (kernel,
+gpu_memcpy, gpu_memset, cuda_runtime, user_annotation), so classification, host-op links,
+phases, exposure, cross-rank matching, reports and the gate run unchanged.
+
+One export may hold several processes (an `nsys profile mpirun ...` report) and a process may
+drive several GPUs: each (process, device) pair is one rank. Its rank number comes from, in
+order: the `--rank-from` pattern on the file name, a thread named "... rank N" (MPI and NCCL
+name their threads so; NVTX thread names land in ThreadNames), `rank N` in the file name, then
+the pair's position in the file. Set-based SQL fills numpy columns a batch at a time: no Python
+object lives per event beyond the batch.
+
+Schema versions: 2.x (Nsight 2022, EXPORT_META_DATA) and 3.x (2023 on, META_DATA_EXPORT) are
+read; the columns used exist in both (checked on the shared 2.9.1 and 3.13.2 exports).
+NVIDIA's description: https://docs.nvidia.com/nsight-systems/UserGuide/index.html#sqlite-schema-reference
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from .sqlite_export import Source, assemble, open_readonly, query, tables
+from .trace import TraceError
+
+KNOWN_MAJORS = (2, 3)
+_PID = "((globalPid >> 24) & 16777215)"  # Serialized GlobalId: bits 24-39 are the process id
+_TPID = "((globalTid >> 24) & 16777215)"
+NVTX_RANGES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange (ENUM_NSYS_EVENT_TYPE)
+_THREAD_RANK = re.compile(r"\brank\s*[-_#]?\s*(\d+)", re.IGNORECASE)
+# CUPTI memcpy kinds (ENUM_CUDA_MEMCPY_OPER in 3.x exports; fixed by CUPTI, so 2.x exports read alike)
+_COPY = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH", 10: "PtoP",
+         11: "HtoD (unified)", 12: "DtoH (unified)", 13: "DtoD (unified)"}
+DEVICE_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+
+
+def is_export(tabs: set[str]) -> bool:
+    return bool(tabs & {"META_DATA_EXPORT", "EXPORT_META_DATA"}) or "CUPTI_ACTIVITY_KIND_KERNEL" in tabs
+
+
+def export_command(path: Path) -> str:
+    return f"nsys export --type sqlite --output {path.with_suffix('.sqlite')} {path}"
+
+
+def from_report(path: Path, out_dir: Path) -> Path:
+    """An .nsys-rep exported to SQLite with the user's nsys; without nsys, the command in one line."""
+    import subprocess
+
+    nsys = shutil.which("nsys")
+    if not nsys:
+        raise TraceError(f"{path}: an Nsight Systems report; export it first (nsys is not on PATH here): "
+                         f"{export_command(path)}")
+    out = out_dir / (path.stem + ".sqlite")
+    r = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(out), str(path)],
+                       capture_output=True, text=True, timeout=3600)
+    if r.returncode or not out.exists():
+        last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+        raise TraceError(f"{path}: nsys export failed ({last[0][:200]})")
+    return out
+
+
+class Export:
+    """An open export, checked once: its schema version and the tables it has."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.db = open_readonly(path)
+        self.tables = tables(self.db, path)
+        self.version = self._version()
+        if "CUPTI_ACTIVITY_KIND_KERNEL" not in self.tables and "CUPTI_ACTIVITY_KIND_RUNTIME" not in self.tables:
+            raise TraceError(f"{path}: an Nsight Systems export without CUDA activity (no CUPTI_ACTIVITY_KIND_KERNEL "
+                             f"or _RUNTIME table; was CUDA traced?)")
+        self.strings: dict[int, str] = {}
+
+    def _version(self) -> str:
+        for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+            if table in self.tables:
+                row = self.db.execute(f"SELECT value FROM {table} WHERE name = 'EXPORT_SCHEMA_VERSION'").fetchone()
+                if row and row[0]:
+                    major = str(row[0]).split(".")[0]
+                    if not major.isdigit() or int(major) not in KNOWN_MAJORS:
+                        raise TraceError(f"{self.path}: Nsight Systems export schema {row[0]} is not one this "
+                                         f"version reads (majors {', '.join(map(str, KNOWN_MAJORS))})")
+                    return str(row[0])
+        raise TraceError(f"{self.path}: an SQLite database without Nsight Systems export metadata "
+                         f"(META_DATA_EXPORT / EXPORT_META_DATA): not an nsys export")
+
+    def query(self, sql: str, args: tuple = (), ncols: int = 0) -> np.ndarray:
+        return query(self.db, self.path, sql, args, ncols)
+
+    def string_values(self, ids: np.ndarray) -> list[str]:
+        """The StringIds values of `ids`, in order."""
+        want = [int(i) for i in np.unique(ids) if int(i) not in self.strings]
+        for k in range(0, len(want), 900):  # SQLite's bound-parameter limit
+            chunk = want[k:k + 900]
+            q = f"SELECT id, value FROM StringIds WHERE id IN ({','.join('?' * len(chunk))})"
+            self.strings.update(self.db.execute(q, chunk).fetchall())
+        return [self.strings.get(int(i), f"[string {int(i)}]") for i in ids]
+
+    def parts(self) -> list[tuple[int, int]]:
+        """(process id, device id) pairs with device activity, in order of first activity."""
+        sel = [f"SELECT {_PID} AS pid, deviceId, min(start) AS t0 FROM {t} GROUP BY 1, 2"
+               for t in DEVICE_TABLES if t in self.tables]
+        rows = (self.db.execute(f"SELECT pid, deviceId, min(t0) FROM ({' UNION ALL '.join(sel)}) GROUP BY 1, 2 "
+                                "ORDER BY 3, 1, 2").fetchall() if sel else [])
+        if not rows and "CUPTI_ACTIVITY_KIND_RUNTIME" in self.tables:  # CUDA calls, no device work recorded
+            rows = self.db.execute(f"SELECT {_TPID}, -1, min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1 "
+                                   "ORDER BY 3").fetchall()
+        return [(int(p), int(d)) for p, d, _ in rows]
+
+    def thread_rank(self, pid: int) -> int | None:
+        """A rank from the process's thread names ("MPI Rank 3", NVTX-named threads), else None."""
+        if "ThreadNames" not in self.tables:
+            return None
+        names = self.db.execute(f"SELECT s.value FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId "
+                                f"WHERE {_TPID} = ?", (pid,)).fetchall()
+        found = {int(m.group(1)) for (n,) in names if (m := _THREAD_RANK.search(n or ""))}
+        return found.pop() if len(found) == 1 else None
+
+    def origin_ns(self) -> int:
+        if "TARGET_INFO_SESSION_START_TIME" in self.tables:
+            row = self.db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+            if row and row[0] is not None:
+                return int(row[0])
+        return 0
+
+
+def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | None) -> int:
+    """`--rank-from` on the file name (plus the part's index), else the process's own rank, else
+    `rank N` in the file name (plus the index), else the index."""
+    if rank_from:
+        m = re.search(rank_from, path.name)
+        if not m or not m.groups() or not (m.group(1) or "").isdigit():
+            raise TraceError(f"{path}: --rank-from {rank_from!r} does not match the file name with a number as "
+                             f"its first group")
+        return int(m.group(1)) + index
+    if from_process is not None:
+        return from_process
+    m = re.search(r"rank[-_]?(\d+)", path.name, re.IGNORECASE)
+    return int(m.group(1)) + index if m else index
+
+
+def load_exports(path: str | Path, rank_from: str | None = None):
+    """One Trace per (process, device) of an export, one at a time."""
+    path = Path(path)
+    ex = Export(path)
+    try:
+        parts = ex.parts()
+        if not parts:
+            raise TraceError(f"{path}: an Nsight Systems export without CUDA kernels, copies or runtime calls")
+        for i, (pid, dev) in enumerate(parts):
+            label = str(path) if len(parts) == 1 else f"{path}#pid={pid},device={dev}"
+            yield _load_part(ex, pid, dev, rank_for(path, i, rank_from, ex.thread_rank(pid)),
+                             first_of_process=all(p != pid for p, _ in parts[:i]), label=label)
+    finally:
+        ex.db.close()
+
+
+def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool, label: str):
+    sources: list[Source] = []
+    where = f"{_PID} = ? AND deviceId = ?"
+    corr_here = [np.zeros(0, np.int64)]
+    if "CUPTI_ACTIVITY_KIND_KERNEL" in ex.tables:
+        k = ex.query(f"SELECT start, end, demangledName, streamId, coalesce(correlationId, -1) "
+                     f"FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE {where}", (pid, dev), 5)
+        ids, code = np.unique(k[:, 2], return_inverse=True)
+        sources.append(Source(k[:, 0], k[:, 1], code, ex.string_values(ids), "kernel", k[:, 3], k[:, 4], True))
+        corr_here.append(k[:, 4])
+    for table, cat in (("CUPTI_ACTIVITY_KIND_MEMCPY", "gpu_memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "gpu_memset")):
+        if table in ex.tables:
+            kind = "copyKind" if cat == "gpu_memcpy" else "0"
+            m = ex.query(f"SELECT start, end, {kind}, streamId, coalesce(correlationId, -1) FROM {table} WHERE {where}",
+                         (pid, dev), 5)
+            kinds, code = np.unique(m[:, 2], return_inverse=True)
+            names = [f"Memcpy {_COPY.get(c, f'kind {c}')}" if cat == "gpu_memcpy" else "Memset (Device)"
+                     for c in kinds.tolist()]
+            sources.append(Source(m[:, 0], m[:, 1], code, names, cat, m[:, 3], m[:, 4], True))
+            corr_here.append(m[:, 4])
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in ex.tables:
+        r = ex.query(f"SELECT start, end, nameId, globalTid, coalesce(correlationId, -1) FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+                     f"WHERE {_TPID} = ? ORDER BY correlationId, start", (pid,), 5)
+        # Nsight 2022 (schema 2.x) writes some calls twice with one correlation id ("cudaLaunchKernel"
+        # and "cudaLaunchKernel_v7000"): keep the first-starting (the outer) one of each id.
+        dup = np.zeros(len(r), bool)
+        dup[1:] = (r[1:, 4] == r[:-1, 4]) & (r[1:, 4] > 0)
+        r = r[~dup]
+        # A process driving several devices: calls that launched work go with that work's device,
+        # the others (cudaMalloc, synchronization) with the process's first part.
+        here = np.concatenate(corr_here)
+        others = [f"SELECT correlationId FROM {t} WHERE {_PID} = ? AND deviceId != ? AND correlationId > 0"
+                  for t in DEVICE_TABLES if t in ex.tables]
+        elsewhere = ex.query(" UNION ALL ".join(others), (pid, dev) * len(others), 1)[:, 0] if others else here[:0]
+        keep = np.isin(r[:, 4], here[here > 0]) | (first_of_process & ~np.isin(r[:, 4], elsewhere))
+        r = r[keep]
+        ids, code = np.unique(r[:, 2], return_inverse=True)
+        sources.append(Source(r[:, 0], r[:, 1], code, ex.string_values(ids), "cuda_runtime", r[:, 3], r[:, 4], False))
+    if "NVTX_EVENTS" in ex.tables:
+        rows = ex.db.execute(
+            f"SELECT n.start, n.end, n.globalTid, coalesce(n.text, s.value, '') FROM NVTX_EVENTS n "
+            f"LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType IN ({','.join(map(str, NVTX_RANGES))}) "
+            f"AND n.end IS NOT NULL AND ((n.globalTid >> 24) & 16777215) = ?", (pid,)).fetchall()
+        if rows:
+            starts, ends, tids, texts = zip(*rows)
+            names, code = np.unique(np.array(texts, dtype=object), return_inverse=True)
+            sources.append(Source(np.array(starts, np.int64), np.array(ends, np.int64), code, [str(x) for x in names],
+                                  "user_annotation", np.array(tids, np.int64), np.full(len(rows), -1, np.int64), False))
+    return assemble(label, rank, sources, 0, ex.origin_ns(), ex.path.stat().st_size if first_of_process else 0,
+                    {"format": f"nsys-sqlite {ex.version}", "pid": pid, "device": dev})

@@ -1,0 +1,119 @@
+"""What the SQLite readers share (nsys.py: Nsight Systems exports; rocpd.py: rocprofv3's rocpd):
+opening a database read-only with one-line errors, and assembling a `Trace` from per-source
+columns (device work, runtime calls, annotations), so both give the Kineto path's columns."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .trace import Trace, TraceError
+
+MAGIC = b"SQLite format 3\x00"
+BATCH = 1 << 16
+
+
+def is_sqlite(path: Path) -> bool:
+    """Whether the file is an SQLite database (by its 16-byte header, not its name)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == MAGIC
+    except OSError:
+        return False
+
+
+def why(e: Exception) -> str:
+    msg = str(e)
+    if "locked" in msg:
+        return "the database is locked by another process"
+    if "not a database" in msg or "malformed" in msg or "disk image" in msg:
+        return f"not a readable SQLite database (truncated or corrupt: {msg})"
+    return f"cannot read the SQLite database ({msg})"
+
+
+def open_readonly(path: Path) -> sqlite3.Connection:
+    """Read-only; `immutable` only where the first try cannot open (a read-only directory has no
+    room for a lock file), never to read past another process's lock."""
+    last: Exception | None = None
+    for flags in ("mode=ro", "mode=ro&immutable=1"):
+        try:
+            db = sqlite3.connect(f"file:{path.resolve()}?{flags}", uri=True, timeout=1.0)
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.DatabaseError as e:  # OperationalError included
+            last = e
+            if "unable to open" not in str(e):
+                break
+    raise TraceError(f"{path}: {why(last)}")
+
+
+def tables(db: sqlite3.Connection, path: Path) -> set[str]:
+    """Tables and views (rocpd's unsuffixed names are views over uuid-suffixed tables)."""
+    try:
+        return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    except sqlite3.DatabaseError as e:
+        raise TraceError(f"{path}: {why(e)}") from None
+
+
+def query(db: sqlite3.Connection, path: Path, sql: str, args: tuple = (), ncols: int = 0) -> np.ndarray:
+    """All rows of an all-integer query (NULLs coalesced in the SQL) as an (n, ncols) int64 array,
+    a batch at a time."""
+    try:
+        cur = db.execute(sql, args)
+        parts = []
+        while rows := cur.fetchmany(BATCH):
+            parts.append(np.array(rows, dtype=np.int64).reshape(len(rows), ncols))
+    except sqlite3.DatabaseError as e:
+        raise TraceError(f"{path}: {why(e)}") from None
+    return np.concatenate(parts) if parts else np.zeros((0, ncols), np.int64)
+
+
+@dataclass
+class Source:
+    """One kind of event of one rank: times in ns, a name per row (codes into `names`), the
+    Kineto category, a thread or stream key per row, and launch correlation ids (-1: none)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    code: np.ndarray
+    names: list[str]
+    cat: str
+    thread: np.ndarray
+    corr: np.ndarray
+    device: bool
+
+
+def assemble(label: str, rank: int, sources: list[Source], zero_ns: int, origin_ns: int, nbytes: int,
+             extra: dict) -> Trace:
+    """One Trace from the sources, sorted by start: times become µs since `zero_ns` (the sources'
+    clock), which is Unix time `origin_ns`."""
+    sources = [s for s in sources if len(s.start)]
+    if not sources:
+        raise TraceError(f"{label}: no device work, runtime calls or annotations for this process and device")
+    names, offset, codes = [], 0, []
+    for s in sources:
+        codes.append(s.code.astype(np.int64) + offset)
+        names.extend(s.names)
+        offset += len(s.names)
+    code = np.concatenate(codes)
+    used, name_id = np.unique(code, return_inverse=True)
+    # one id per distinct string (sources may name the same thing)
+    distinct, remap = np.unique(np.array([names[i] for i in used.tolist()], dtype=object), return_inverse=True)
+    name_id = remap[name_id]
+    cat_names = sorted({s.cat for s in sources})
+    cat = np.concatenate([np.full(len(s.start), cat_names.index(s.cat), np.int32) for s in sources])
+    # device streams and host threads in two key spaces (a stream id and a thread id may collide)
+    thread = np.concatenate([s.thread.astype(np.int64) * 2 + (1 if s.device else 0) for s in sources])
+    tid_id = np.unique(thread, return_inverse=True)[1].astype(np.int32)
+    start = np.concatenate([s.start for s in sources]) - zero_ns
+    end = np.concatenate([s.end for s in sources]) - zero_ns
+    corr = np.concatenate([s.corr for s in sources])
+    order = np.argsort(start, kind="stable")
+    n = len(order)
+    return Trace(label, rank, start[order] / 1000.0, np.maximum(end[order] - start[order], 0) / 1000.0,
+                 name_id[order].astype(np.int32), cat[order], [str(x) for x in distinct], cat_names, tid_id[order],
+                 np.full(n, -1, np.int32), [], np.full(n, -1, np.int64),
+                 np.where(corr[order] > 0, corr[order], -1).astype(np.int64), origin_ns, None, None, nbytes, extra=extra)
