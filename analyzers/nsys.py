@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .sqlite_export import Source, assemble, open_readonly, query, tables
+from .sqlite_export import Source, assemble, codes, open_readonly, query, tables
+from .trace import factorize
 from .trace import TraceError
 
 KNOWN_MAJORS = (2, 3)
@@ -171,7 +172,7 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
     if "CUPTI_ACTIVITY_KIND_KERNEL" in ex.tables:
         k = ex.query(f"SELECT start, end, demangledName, streamId, coalesce(correlationId, -1) "
                      f"FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE {where}", (pid, dev), 5)
-        ids, code = np.unique(k[:, 2], return_inverse=True)
+        ids, code = codes(k[:, 2])
         sources.append(Source(k[:, 0], k[:, 1], code, ex.string_values(ids), "kernel", k[:, 3], k[:, 4], True))
         corr_here.append(k[:, 4])
     for table, cat in (("CUPTI_ACTIVITY_KIND_MEMCPY", "gpu_memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "gpu_memset")):
@@ -179,14 +180,15 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
             kind = "copyKind" if cat == "gpu_memcpy" else "0"
             m = ex.query(f"SELECT start, end, {kind}, streamId, coalesce(correlationId, -1) FROM {table} WHERE {where}",
                          (pid, dev), 5)
-            kinds, code = np.unique(m[:, 2], return_inverse=True)
+            kinds, code = codes(m[:, 2])
             names = [f"Memcpy {_COPY.get(c, f'kind {c}')}" if cat == "gpu_memcpy" else "Memset (Device)"
                      for c in kinds.tolist()]
             sources.append(Source(m[:, 0], m[:, 1], code, names, cat, m[:, 3], m[:, 4], True))
             corr_here.append(m[:, 4])
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in ex.tables:
         r = ex.query(f"SELECT start, end, nameId, globalTid, coalesce(correlationId, -1) FROM CUPTI_ACTIVITY_KIND_RUNTIME "
-                     f"WHERE {_TPID} = ? ORDER BY correlationId, start", (pid,), 5)
+                     f"WHERE {_TPID} = ?", (pid,), 5)
+        r = r[np.lexsort((r[:, 0], r[:, 4]))]  # by correlation id, then start (numpy sorts faster than SQLite)
         # Nsight 2022 (schema 2.x) writes some calls twice with one correlation id ("cudaLaunchKernel"
         # and "cudaLaunchKernel_v7000"): keep the first-starting (the outer) one of each id.
         dup = np.zeros(len(r), bool)
@@ -200,7 +202,7 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
         elsewhere = ex.query(" UNION ALL ".join(others), (pid, dev) * len(others), 1)[:, 0] if others else here[:0]
         keep = np.isin(r[:, 4], here[here > 0]) | (first_of_process & ~np.isin(r[:, 4], elsewhere))
         r = r[keep]
-        ids, code = np.unique(r[:, 2], return_inverse=True)
+        ids, code = codes(r[:, 2])
         sources.append(Source(r[:, 0], r[:, 1], code, ex.string_values(ids), "cuda_runtime", r[:, 3], r[:, 4], False))
     if "NVTX_EVENTS" in ex.tables:
         rows = ex.db.execute(
@@ -209,7 +211,7 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
             f"AND n.end IS NOT NULL AND ((n.globalTid >> 24) & 16777215) = ?", (pid,)).fetchall()
         if rows:
             starts, ends, tids, texts = zip(*rows)
-            names, code = np.unique(np.array(texts, dtype=object), return_inverse=True)
+            code, names = factorize(list(texts))
             sources.append(Source(np.array(starts, np.int64), np.array(ends, np.int64), code, [str(x) for x in names],
                                   "user_annotation", np.array(tids, np.int64), np.full(len(rows), -1, np.int64), False))
     return assemble(label, rank, sources, 0, ex.origin_ns(), ex.path.stat().st_size if first_of_process else 0,

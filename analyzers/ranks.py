@@ -10,6 +10,7 @@ because Nsight Systems' multi-report recipes use it and it already runs on SLURM
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ class RankSummary:
 def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None) -> list[RankSummary]:
     """The map: everything the reduce needs from each rank a file holds (one for a Kineto trace;
     one per process and device for an Nsight export), one rank in memory at a time."""
+    _fault(file)
     out = []
     for t in traces_in(file, rank_from):
         cls = classify(t, list(rules))
@@ -62,16 +64,93 @@ def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1, schedule
         for f in files:
             yield from summarize(f, rules, rank_from)
         return
-    from concurrent.futures import ProcessPoolExecutor  # only with a pool: a one-rank analysis starts faster
+    yield from _map_pool(files, list(rules), jobs, rank_from)
 
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(summarize, f, list(rules), rank_from) for f in files]
+
+def _map_pool(files: list[Path], rules: list[Rule], jobs: int, rank_from: str | None):
+    """The map in a local process pool. A worker that dies (killed, out of memory, a crash in a
+    native library) breaks the pool: every file not yet summarized is retried once in a new pool;
+    if that breaks too, the files run one per pool until the one that kills its worker is found
+    and named in one line."""
+    from concurrent.futures.process import BrokenProcessPool  # only with a pool: a one-rank analysis starts faster
+
+    done = 0
+    for _attempt in range(2):
         try:
-            for fut in futures:
-                yield from fut.result()
-        finally:
-            for fut in futures:
-                fut.cancel()
+            with _pool(jobs) as pool:
+                futures = [pool.submit(summarize, f, rules, rank_from) for f in files[done:]]
+                for fut in futures:
+                    out = fut.result()
+                    done += 1
+                    yield from out
+            return
+        except BrokenProcessPool:
+            continue
+    for f in files[done:]:
+        try:
+            with _pool(1) as pool:
+                out = pool.submit(summarize, f, rules, rank_from).result()
+        except BrokenProcessPool:
+            raise TraceError(f"{f}: the worker process analyzing it died twice (killed, out of memory, or a crash "
+                             f"in a native library)") from None
+        yield from out
+
+
+@contextmanager
+def _pool(jobs: int):
+    """A process pool that, when the map ends early (Ctrl-C, an unreadable rank, the caller gone),
+    kills its workers at once: a worker would otherwise go on with the tasks already queued to it
+    before the pool could shut down."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=jobs)
+    try:
+        yield pool
+    except BaseException:
+        for proc in list(getattr(pool, "_processes", {}).values()):  # no public way before Python 3.14
+            proc.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _fault(file: str | Path) -> None:
+    """COMMPROBE_FAULT=map-die[:NAME] (or map-die-once, map-hang): a map worker process analyzing a
+    file whose path contains NAME exits at once (once: only the first time for that file), as a
+    worker killed by the OOM killer would, or sleeps an hour; for tests, and for users checking
+    what their cluster does. Never in the command's own process."""
+    fault = os.environ.get("COMMPROBE_FAULT", "")
+    kind, _, who = fault.partition(":")
+    if kind not in ("map-die", "map-die-once", "map-hang") or (who and who not in str(file)):
+        return
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None and not _in_dask_worker():
+        return
+    if kind == "map-hang":
+        import time
+
+        time.sleep(3600)
+    if kind == "map-die-once":
+        import hashlib
+        import tempfile
+
+        key = hashlib.sha1(str(Path(file).resolve()).encode()).hexdigest()[:16]
+        marker = Path(tempfile.gettempdir()) / f"commprobe-fault-{key}"
+        if marker.exists():
+            return
+        marker.touch()
+    os._exit(9)
+
+
+def _in_dask_worker() -> bool:
+    try:
+        from distributed import get_worker
+
+        get_worker()
+        return True
+    except (ImportError, ValueError):
+        return False
 
 
 CONNECT_TIMEOUT_S = 8  # the whole command answers within 10 s

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .nsys import rank_for
-from .sqlite_export import Source, assemble, open_readonly, query, tables
+from .sqlite_export import Source, assemble, codes, open_readonly, query, tables
 from .trace import TraceError
 
 KNOWN_SCHEMAS = ("3",)
@@ -109,7 +109,7 @@ def _load_part(d: Database, pid: int, agent: int, rank: int, first_of_process: b
     k = d.query(f"SELECT DS.value, DE.value, X.kernel_id, coalesce(T.stream_id, T.queue_id, 0), "
                 f"coalesce(E.correlation_id, -1) FROM rocpd_kernel_dispatch X {_TIMES} "
                 f"WHERE T.pid = ? AND coalesce(T.agent_id, -1) = ?", (pid, agent), 5)
-    ids, code = np.unique(k[:, 2], return_inverse=True)
+    ids, code = codes(k[:, 2])
     sources.append(Source(k[:, 0], k[:, 1], code, d.strings("rocpd_info_kernel_symbol",
                                                             "coalesce(display_name, kernel_name)", ids),
                           "kernel", k[:, 3], k[:, 4], True))
@@ -118,7 +118,7 @@ def _load_part(d: Database, pid: int, agent: int, rank: int, first_of_process: b
         m = d.query(f"SELECT DS.value, DE.value, X.name_id, coalesce(T.stream_id, T.queue_id, 0), "
                     f"coalesce(E.correlation_id, -1) FROM rocpd_memory_copy X {_TIMES} "
                     f"WHERE T.pid = ? AND coalesce(T.agent_id, X.dst_agent_id, -1) = ?", (pid, agent), 5)
-        ids, code = np.unique(m[:, 2], return_inverse=True)
+        ids, code = codes(m[:, 2])
         sources.append(Source(m[:, 0], m[:, 1], code, d.strings("rocpd_string", "string", ids), "gpu_memcpy",
                               m[:, 3], m[:, 4], True))
         here.append(m[:, 4])
@@ -135,7 +135,7 @@ def _load_part(d: Database, pid: int, agent: int, rank: int, first_of_process: b
         keep = ~runtime | np.isin(r[:, 4], here_ids[here_ids > 0]) | (first_of_process & ~np.isin(r[:, 4], elsewhere))
         for mask, cat in ((runtime & keep, "cuda_runtime"), (~runtime & keep, "user_annotation")):
             sel = r[mask]
-            ids, code = np.unique(sel[:, 2], return_inverse=True)
+            ids, code = codes(sel[:, 2])
             sources.append(Source(sel[:, 0], sel[:, 1], code, d.strings("rocpd_string", "string", ids), cat, sel[:, 3],
                                   sel[:, 4] if cat == "cuda_runtime" else np.full(len(sel), -1, np.int64), False))
     starts = [s.start for s in sources if len(s.start)]

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
-from .trace import Trace, TraceError
+from .trace import BYTES_PER_EVENT, Trace, TraceError, max_events
 
 MAGIC = b"SQLite format 3\x00"
 BATCH = 1 << 16
@@ -64,11 +65,26 @@ def query(db: sqlite3.Connection, path: Path, sql: str, args: tuple = (), ncols:
     try:
         cur = db.execute(sql, args)
         parts = []
-        while rows := cur.fetchmany(BATCH):
-            parts.append(np.array(rows, dtype=np.int64).reshape(len(rows), ncols))
+        while rows := cur.fetchmany(BATCH):  # the ints go straight into the array, no list of tuples kept
+            parts.append(np.fromiter(chain.from_iterable(rows), np.int64, len(rows) * ncols).reshape(len(rows), ncols))
     except sqlite3.DatabaseError as e:
         raise TraceError(f"{path}: {why(e)}") from None
-    return np.concatenate(parts) if parts else np.zeros((0, ncols), np.int64)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros((0, ncols), np.int64)
+
+
+def codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values ascending, each value's index among them), as np.unique(return_inverse=True)
+    gives, in linear time where the values span a small range (string ids, kinds)."""
+    if not len(values):
+        return values[:0], np.zeros(0, np.int64)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 1 << 24:
+        return np.unique(values, return_inverse=True)
+    seen = np.zeros(hi - lo + 1, bool)
+    seen[values - lo] = True
+    distinct = np.flatnonzero(seen)
+    index = np.cumsum(seen) - 1
+    return distinct + lo, index[values - lo]
 
 
 @dataclass
@@ -93,21 +109,29 @@ def assemble(label: str, rank: int, sources: list[Source], zero_ns: int, origin_
     sources = [s for s in sources if len(s.start)]
     if not sources:
         raise TraceError(f"{label}: no device work, runtime calls or annotations for this process and device")
-    names, offset, codes = [], 0, []
+    if sum(len(s.start) for s in sources) > max_events():  # the JSON readers' bound (trace.BYTES_PER_EVENT)
+        raise TraceError(f"{label}: more events than the memory here holds (each costs ~{BYTES_PER_EVENT} bytes)")
+    names, offset, parts = [], 0, []
     for s in sources:
-        codes.append(s.code.astype(np.int64) + offset)
+        parts.append(s.code.astype(np.int64) + offset)
         names.extend(s.names)
         offset += len(s.names)
-    code = np.concatenate(codes)
-    used, name_id = np.unique(code, return_inverse=True)
+    code = np.concatenate(parts)
+    used, name_id = codes(code)
     # one id per distinct string (sources may name the same thing)
     distinct, remap = np.unique(np.array([names[i] for i in used.tolist()], dtype=object), return_inverse=True)
     name_id = remap[name_id]
     cat_names = sorted({s.cat for s in sources})
     cat = np.concatenate([np.full(len(s.start), cat_names.index(s.cat), np.int32) for s in sources])
-    # device streams and host threads in two key spaces (a stream id and a thread id may collide)
-    thread = np.concatenate([s.thread.astype(np.int64) * 2 + (1 if s.device else 0) for s in sources])
-    tid_id = np.unique(thread, return_inverse=True)[1].astype(np.int32)
+    # device streams and host threads in two key spaces (a stream id and a thread id may collide);
+    # distinct per source first (few threads, many events), then one id per (space, thread)
+    keys: dict[tuple[bool, int], int] = {}
+    tids = []
+    for s in sources:
+        threads, which = codes(s.thread.astype(np.int64))
+        ids = np.array([keys.setdefault((s.device, v), len(keys)) for v in threads.tolist()], np.int32)
+        tids.append(ids[which])
+    tid_id = np.concatenate(tids)
     start = np.concatenate([s.start for s in sources]) - zero_ns
     end = np.concatenate([s.end for s in sources]) - zero_ns
     corr = np.concatenate([s.corr for s in sources])

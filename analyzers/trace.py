@@ -110,9 +110,11 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
 # Peak memory per complete event over the whole analysis (columns, sorting, classification,
-# attribution), measured on tiny events (bench/hostile.py: 115 B/event at 5 M events, interpreter
-# aside). The README states the bound; the scanner refuses a trace with more events than fit.
-BYTES_PER_EVENT = 160
+# kernel-to-host-op links, attribution), interpreter aside: 115 B/event for plain events (5 M tiny
+# events, bench/hostile.py), ~320 B/event when every event is a communication kernel, its launch
+# or a host collective op (bench/sqlite_vs_json.py's trace). The README states the bound; the
+# scanner refuses a trace with more events than free memory holds at this rate.
+BYTES_PER_EVENT = 350
 
 
 def max_events() -> int:

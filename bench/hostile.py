@@ -22,8 +22,11 @@ import time
 import zlib
 from pathlib import Path
 
-PROBE = ("import resource, sys\nfrom commprobe.probe.cli import main\ntry:\n    main()\nfinally:\n"
-         "    sys.stderr.write('RSS %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+# Peak RSS from VmHWM, which starts afresh at exec (ru_maxrss keeps the forking parent's peak:
+# run from a large process such as pytest, it would report the parent's size).
+PROBE = ("import sys\nfrom commprobe.probe.cli import main\ntry:\n    main()\nfinally:\n"
+         "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n"
+         "    sys.stderr.write('RSS %s\\n' % hwm)")
 
 
 def run(path: Path, env: dict | None = None) -> tuple[float, int, int, str]:

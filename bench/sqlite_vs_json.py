@@ -65,6 +65,10 @@ def write_export(path: Path, mb: float) -> int:
     names = ["gemm_bf16_kernel", AR, SR, "cudaLaunchKernel"]
     db.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(names, 1)))
     gpid, gtid = (1 << 56) | (4000 << 24), (1 << 56) | (4000 << 24) | 4005
+    given = ["start", "end", "deviceId", "contextId", "streamId", "correlationId", "globalPid", "demangledName",
+             "shortName", "gridId"]
+    rest = [r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)") if r[3] and r[1] not in given]
+    kcols, zeros = given + rest, (0,) * len(rest)  # the other NOT NULL columns (grid, block, registers, ...): 0
     step, corr = 0, 0
     while True:
         kern, rt, nvtx = [], [], []
@@ -78,8 +82,8 @@ def write_export(path: Path, mb: float) -> int:
                 rt.append((hs, hs + 5000, 0, gtid, corr, 4, 0))
                 kern.append((hs + 10_000, hs + 260_000, 0, 1, 7, corr, gpid, j + 1, j + 1, corr))
             step += 1
-        db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, correlationId, "
-                       "globalPid, demangledName, shortName, gridId) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", kern)
+        db.executemany(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL ({', '.join(kcols)}) "
+                       f"VALUES ({', '.join('?' * len(kcols))})", [r + zeros for r in kern])
         db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, nameId, "
                        "returnValue) VALUES (?, ?, ?, ?, ?, ?, ?)", rt)
         db.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, ?, ?, ?)", nvtx)

@@ -279,6 +279,10 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("commprobe: interrupted")
         sys.exit(130)
+    except SystemExit as e:  # typer turns Ctrl-C inside a command into a silent exit 130
+        if e.code == 130:
+            err.print("commprobe: interrupted")
+        raise
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ kept). Set COMMPROBE_FAULT=KIND[:RANK] (no rank: every rank), KIND one of:
     raise   the rank raises during its repetitions      die    it exits at once (status 9)
     hang    it sleeps an hour (the --timeout names it)   trace  it raises while writing its trace
 
-The tests use it; so can a user checking how their CI reports a dead rank.
+The tests use it; so can a user checking how their CI reports a dead rank. The analysis's map
+workers read the same variable with their own kinds (`map-die`, `map-die-once`, `map-hang`,
+NAME a substring of the trace's path: analyzers/ranks.py), which analyzers keep torch-free.
 """
 
 from __future__ import annotations

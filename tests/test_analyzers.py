@@ -98,6 +98,11 @@ def test_idle_device_is_host_bound_not_communication_bound(tmp_path):
     ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel", "other_comm", "all_gather"),
     ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "kernel", "other_comm", "send_recv"),  # p2p of unknown axis: never CP ring
     ("void vllm::cross_device_reduce_1stage<float, 8>(...)", "kernel", "tp_allreduce", "allreduce"),
+    ("void aiter::cross_device_reduce_2stage_naive<__hip_bfloat16, 8, false>(aiter::RankData*)", "kernel",
+     "tp_allreduce", "allreduce"),
+    ("void mori::moe::EpDispatchIntraNodeKernel<__hip_bfloat16>(mori::moe::EpDispatchCombineArgs<__hip_bfloat16>)",
+     "kernel", "ep_all_to_all", "all_to_all"),
+    ("mori::moe::EpCombineInterNodeLLKernel<float>(args)", "kernel", "ep_all_to_all", "all_to_all"),
     ("void c10d::symmetric_memory::two_shot_all_reduce_kernel<...>", "kernel", "tp_allreduce", "allreduce"),
     ("void tensorrt_llm::kernels::oneShotAllReduceKernel<__nv_bfloat16, 8>(...)", "kernel", "tp_allreduce", "allreduce"),
     ("void deep_ep::intranode::dispatch<8, 768, 8192>(...)", "kernel", "ep_all_to_all", "all_to_all"),

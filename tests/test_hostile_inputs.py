@@ -198,41 +198,54 @@ def test_an_unclosed_gzip_bomb_is_refused_while_streaming_not_inflated_whole(tmp
 
 
 def _peak_rss(path) -> int:
-    import subprocess
+    """Peak RSS (bytes) of a whole `commprobe analyze --json` of `path` (bench/hostile.py's probe)."""
     import sys
 
-    code = ("import resource, sys\nfrom commprobe.probe.cli import main\ntry:\n    main()\nfinally:\n"
-            "    sys.stderr.write('RSS %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-    r = subprocess.run([sys.executable, "-c", code, "analyze", str(path), "--json"], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-500:]
-    return int(r.stderr.strip().splitlines()[-1].split()[1]) * 1024
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.hostile import run
+    finally:
+        sys.path.pop(0)
+    _, rss, rc, line = run(path)
+    assert rc == 0, line
+    return rss
 
 
 def test_memory_is_bound_by_the_events_kept_not_the_json(tmp_path):
-    """The README's bound: the interpreter plus trace.BYTES_PER_EVENT per complete event. Tiny events
-    (~75 bytes of JSON each) are the worst case of memory per JSON byte; 300 k of them here."""
-    from commprobe.analyzers import trace
+    """The README's bound: the interpreter plus trace.BYTES_PER_EVENT per complete event, for plain
+    tiny events (the most events per JSON byte) and for events that are all communication kernels,
+    their launches and host collective ops (the most memory per event: the links' arrays)."""
+    import sys
 
-    sys_path = __import__("sys").path
-    sys_path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "bench"))
+    from commprobe.analyzers import trace
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT))
     try:
-        from hostile import tiny
+        from bench.hostile import tiny
+        from bench.sqlite_vs_json import write_json
     finally:
-        sys_path.pop(0)
-    small, big = tmp_path / "one.json", tmp_path / "tiny.json"
+        sys.path.pop(0)
+    small = tmp_path / "one.json"
     tiny(small, 1)
+    base = _peak_rss(small)
     n = 300_000
-    tiny(big, n)
-    base, peak = _peak_rss(small), _peak_rss(big)
-    assert peak - base <= trace.BYTES_PER_EVENT * n, (base, peak, (peak - base) / n)
+    tiny(tmp_path / "tiny.json", n)
+    peak = _peak_rss(tmp_path / "tiny.json")
+    assert peak - base <= trace.BYTES_PER_EVENT * n, ("tiny", base, peak, (peak - base) / n)
+    write_json(tmp_path / "comm.json", 24)  # ~150 k events of 157 bytes
+    n = len(json.loads((tmp_path / "comm.json").read_text())["traceEvents"])
+    peak = _peak_rss(tmp_path / "comm.json")
+    assert peak - base <= trace.BYTES_PER_EVENT * n, ("comm", base, peak, (peak - base) / n)
 
 
 def test_more_events_than_memory_holds_is_refused_while_reading(tmp_path):
     events = [dict(EVENT, ts=i) for i in range(150)]
     p = tmp_path / "many.json"
     p.write_bytes(json.dumps({"traceEvents": events}).encode())
-    limit = {"COMMPROBE_MAX_TRACE_BYTES": str(160 * 100)}  # 100 events' worth (and 16 kB of JSON)
+    limit = {"COMMPROBE_MAX_TRACE_BYTES": str(350 * 100)}  # 100 events' worth (and 35 kB of JSON)
     r = run_cli("analyze", str(p), env=limit)
     assert r.returncode == 2 and "more complete events than the memory here holds" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -134,8 +134,9 @@ TABLES = {CLOVER: ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KI
           SAXPY: ("NVTX_EVENTS",)}
 
 
-def write_nsys(path, ranks=(0, 1), version="3.13.2") -> None:
-    """An export with the real files' table definitions (sqlite_master), two processes = two ranks."""
+def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False) -> None:
+    """An export with the real files' table definitions (sqlite_master), two processes = two ranks
+    (one_process: one process driving one GPU per rank, its threads one per rank)."""
     db = sqlite3.connect(path)
     for src, tables in TABLES.items():
         for name in tables:
@@ -154,13 +155,15 @@ def write_nsys(path, ranks=(0, 1), version="3.13.2") -> None:
     kcols = [r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")]
     mcols = [r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_MEMCPY)")]
     for rank in ranks:
-        pid = 4000 + rank
-        gpid, gtid = (1 << 56) | (pid << 24), (1 << 56) | (pid << 24) | (pid + 5)
+        pid = 4000 if one_process else 4000 + rank
+        gpid, gtid = (1 << 56) | (pid << 24), (1 << 56) | (pid << 24) | (pid + 5 + rank)
+        device, offset = (rank, 10_000 * rank) if one_process else (0, 0)  # one process: distinct correlation ids
         db.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, 0, ?)", (sid(f"NCCL rank {rank}"), gtid))
         for e in scenario(rank):
             if e["kind"] == "kernel":
-                row = dict(start=e["start"], end=e["end"], deviceId=0, contextId=1, streamId=7, correlationId=e["corr"],
-                           globalPid=gpid, demangledName=sid(e["name"]), shortName=sid(e["name"][:20]),
+                row = dict(start=e["start"], end=e["end"], deviceId=device, contextId=1, streamId=7,
+                           correlationId=e["corr"] + offset, globalPid=gpid, demangledName=sid(e["name"]),
+                           shortName=sid(e["name"][:20]),
                            gridX=1, gridY=1, gridZ=1, blockX=1, blockY=1, blockZ=1, staticSharedMemory=0,
                            dynamicSharedMemory=0, localMemoryPerThread=0, localMemoryTotal=0, gridId=e["corr"],
                            sharedMemoryExecuted=0, registersPerThread=32, launchType=0, cacheConfig=0)
@@ -168,15 +171,15 @@ def write_nsys(path, ranks=(0, 1), version="3.13.2") -> None:
                 db.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
                            [row[c] for c in cols])
             elif e["kind"] == "memcpy":
-                row = dict(start=e["start"], end=e["end"], deviceId=0, contextId=1, streamId=7, correlationId=e["corr"],
-                           globalPid=gpid, bytes=1 << 20, copyKind=1)
+                row = dict(start=e["start"], end=e["end"], deviceId=device, contextId=1, streamId=7,
+                           correlationId=e["corr"] + offset, globalPid=gpid, bytes=1 << 20, copyKind=1)
                 cols = [c for c in mcols if c in row]
                 db.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
                            [row[c] for c in cols])
             elif e["kind"] == "runtime":
                 db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, "
                            "nameId, returnValue) VALUES (?, ?, 0, ?, ?, ?, 0)",
-                           (e["start"], e["end"], gtid, e["corr"], sid(e["name"])))
+                           (e["start"], e["end"], gtid, e["corr"] + offset, sid(e["name"])))
             else:
                 db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, 59, ?, ?)",
                            (e["start"], e["end"], e["name"], gtid))
@@ -260,3 +263,20 @@ def test_bad_exports_are_one_line_exit_2(tmp_path, case):
             holder.close()
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_process_driving_two_gpus_is_two_ranks_with_their_own_launches(tmp_path):
+    if not CLOVER.exists():
+        pytest.skip("../shared/traces/hpcgroup-pipit is not here")
+    p = tmp_path / "one-process.sqlite"
+    write_nsys(p, one_process=True)
+    ranks = list(traces_in(p))
+    assert [(t.extra["pid"], t.extra["device"]) for t in ranks] == [(4000, 0), (4000, 1)]
+    for t in ranks:
+        k, _ = _named(t, "kernel")
+        r, rnames = _named(t, "cuda_runtime")
+        assert len(k) == 12 and len(_named(t, "gpu_memcpy")[0]) == 4
+        # each part holds exactly the launches of its own device's work (correlation ids 101... / 10101...)
+        assert sorted(t.arg_corr[r].tolist()) == sorted(t.arg_corr[np.concatenate([k, _named(t, "gpu_memcpy")[0]])].tolist())
+    a = analyze(p)
+    assert [r["rank"] for r in a["ranks"]] == [0, 1] and a["kernel_links"]["comm_kernels"] == 16

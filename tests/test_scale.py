@@ -62,7 +62,7 @@ def test_cli_jobs_and_a_bad_rank_named_in_one_line(tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "rank1.trace.json.gz" in lines[0] and "Traceback" not in r.stderr
 
 
-def _dask_cluster(tmp_path, workers: int = 2):
+def _dask_cluster(tmp_path, workers: int = 2, env: dict | None = None):
     """A real local Dask cluster as a user starts one: `dask scheduler` and `dask worker` processes,
     on 127.0.0.1 only, stopped by the caller."""
     import os
@@ -77,7 +77,7 @@ def _dask_cluster(tmp_path, workers: int = 2):
     if not dask:
         pytest.skip("the dask command is not on PATH")
     sched_file = tmp_path / "scheduler.json"
-    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False", **(env or {})}
     procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
                                "--scheduler-file", str(sched_file)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)]
@@ -108,11 +108,17 @@ def _stop(procs) -> None:
 
 def test_a_real_dask_cluster_gives_the_same_analysis(tmp_path):
     d = _run(tmp_path)
-    address, procs = _dask_cluster(tmp_path)
+    # The workers' processes carry the fault: the one analyzing diesonce/run/rank1 exits the first time.
+    address, procs = _dask_cluster(tmp_path, env={"COMMPROBE_FAULT": "map-die-once:diesonce/run/rank1"})
     try:
         r = run_cli("analyze", str(d), "--json", "--scheduler", address)
         assert r.returncode == 0, r.stderr
         assert _strip(json.loads(r.stdout)) == _strip(analyze(d, jobs=1))
+        (tmp_path / "diesonce").mkdir()
+        dies = _run(tmp_path / "diesonce")  # a worker dies mid-task: Dask reschedules it, same answer
+        r = run_cli("analyze", str(dies), "--json", "--scheduler", address)
+        assert r.returncode == 0, r.stderr
+        assert _strip(json.loads(r.stdout))["ranks"] == _strip(analyze(dies, jobs=1))["ranks"]
         (tmp_path / "bad").mkdir()
         bad = _run(tmp_path / "bad", bad="not a trace")
         r = run_cli("analyze", str(bad), env={"COMMPROBE_DASK_SCHEDULER": address})
@@ -162,3 +168,62 @@ def test_without_dask_the_flag_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "dask.distributed", None)  # `from dask.distributed import` now fails
     with pytest.raises(TraceError, match=r"pip install 'commprobe\[cluster\]'"):
         analyze(_run(tmp_path), scheduler="tcp://127.0.0.1:9")
+
+
+def test_a_pool_worker_that_dies_is_retried_once_then_named(tmp_path):
+    d = _run(tmp_path)
+    want = _strip(json.loads(run_cli("analyze", str(d), "--json", "--jobs", "1").stdout))
+    r = run_cli("analyze", str(d), "--json", "--jobs", "2", env={"COMMPROBE_FAULT": f"map-die-once:{d}/rank2"})
+    assert r.returncode == 0, r.stderr
+    assert _strip(json.loads(r.stdout)) == want  # the retry gave the same answer
+    r = run_cli("analyze", str(d), "--jobs", "2", env={"COMMPROBE_FAULT": f"map-die:{d}/rank2"})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "rank2.trace.json.gz" in lines[0] and "died twice" in lines[0], \
+        r.stderr
+
+
+def test_ctrl_c_leaves_no_worker_behind(tmp_path):
+    """Ctrl-C reaches the whole foreground process group: the command and its pool workers (here
+    hung on purpose) all end, exit 130, nothing left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = _run(tmp_path)
+    p = subprocess.Popen([sys.executable, "-m", "commprobe.probe.cli", "analyze", str(d), "--jobs", "2"],
+                         env={**os.environ, "COMMPROBE_FAULT": "map-hang"}, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # as from a terminal: a test runner started in the background inherits SIGINT ignored
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    def group() -> list[int]:
+        pids = []
+        for e in os.listdir("/proc"):
+            if e.isdigit():
+                try:
+                    if os.getpgid(int(e)) == p.pid:
+                        pids.append(int(e))
+                except ProcessLookupError:
+                    pass
+        return pids
+
+    try:
+        deadline = time.monotonic() + 60
+        while len(group()) < 3 and time.monotonic() < deadline:  # the command and its two workers
+            time.sleep(0.1)
+        assert len(group()) >= 3, "the pool did not start"
+        time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+        deadline = time.monotonic() + 10
+        while group() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not group(), f"left running: {group()}"
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
