@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -47,10 +48,13 @@ def main() -> None:
             print(f"  {n} cases, {time.perf_counter() - t0:.0f} s", flush=True)
 
     t0 = time.perf_counter()
-    run()
+    try:
+        run()
+    finally:
+        if driver is not None:
+            driver.close()
+        shutil.rmtree(work, ignore_errors=True)
     dt = time.perf_counter() - t0
-    if driver is not None:
-        driver.close()
     n = sum(seen.values())
     print(f"{n} cases in {dt:.0f} s ({n / dt:.0f}/s) on {platform.machine()}, seed {args.seed}: "
           f"{seen['ok']} accepted by both readers (1 in {args.analyze_every} analyzed), {seen['refused']} refused by both in one line; "
