@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import numpy.ma  # noqa: F401  (np.unique/np.isin import it lazily: 50 ms inside the first analysis otherwise)
 
-from .trace import DEVICE_CATS, Trace, TraceError
+from .trace import DEVICE_CATS, Trace, TraceError, codes
 
 _KERNELS_TOML = Path(__file__).with_name("comm_kernels.toml")
 
@@ -292,29 +292,15 @@ def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None
     return op, axis, size, (str(group) if group is not None else None), gsize, src
 
 
-def _codes(keys: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(keys, return_inverse=True) for non-negative keys below `space`, in O(n) when the
-    space is small enough for a lookup table (the usual case: names x cats)."""
-    if space > 1 << 24 or not len(keys):
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        return uniq, inverse.reshape(-1)
-    present = np.zeros(space, bool)
-    present[keys] = True
-    uniq = np.flatnonzero(present)
-    lut = np.zeros(space, np.int32)
-    lut[uniq] = np.arange(len(uniq), dtype=np.int32)
-    return uniq, lut[keys]
-
-
 def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
     """Classes by unique (name, cat); communication details by unique (name, cat, args subset)."""
     n = len(trace.ts)
     ncat = max(1, len(trace.cats))
-    uniq, inverse = _codes(trace.name_id.astype(np.int64) * ncat + trace.cat_id, len(trace.names) * ncat)
+    uniq, inverse = codes(trace.name_id.astype(np.int64) * ncat + trace.cat_id, len(trace.names) * ncat)
     name_classes = [classify_name(trace.names[p // ncat], trace.cats[p % ncat] if trace.cats else "", rules)
                     for p in uniq.tolist()]
-    codes = np.array([c.category for c in name_classes], np.int8)
-    category = codes[inverse] if n else np.zeros(0, np.int8)
+    class_category = np.array([c.category for c in name_classes], np.int8)
+    category = class_category[inverse] if n else np.zeros(0, np.int8)
     comm_bytes = np.full(n, np.nan)
     group_size = np.zeros(n, np.int64)
     comm_op = np.full(n, None, object)
@@ -328,7 +314,7 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
         cls_of = inverse[comm_idx].astype(np.int64)
         rows = len(trace.arg_dicts) + 1  # arg_row + 1: 0 for "args not used"
         row = np.where(needs[cls_of], trace.arg_row[comm_idx], -1).astype(np.int64) + 1
-        combos, combo_of = _codes(cls_of * rows + row, len(uniq) * rows)
+        combos, combo_of = codes(cls_of * rows + row, len(uniq) * rows)
         out = [_comm_details(trace, name_classes[c // rows], uniq[c // rows] // ncat, c % rows - 1)
                for c in combos.tolist()]
         keep = np.array([o is not None for o in out], bool)[combo_of]

@@ -28,9 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .sqlite_export import Source, assemble, codes, open_readonly, query, tables
-from .trace import factorize
-from .trace import TraceError
+from .sqlite_export import Source, assemble, each_part, lookup, open_readonly, query, tables
+from .trace import TraceError, codes, factorize
 
 KNOWN_MAJORS = (2, 3)
 _PID = "((globalPid >> 24) & 16777215)"  # Serialized GlobalId: bits 24-39 are the process id
@@ -79,7 +78,7 @@ class Export:
         if "CUPTI_ACTIVITY_KIND_KERNEL" not in self.tables and "CUPTI_ACTIVITY_KIND_RUNTIME" not in self.tables:
             raise TraceError(f"{path}: an Nsight Systems export without CUDA activity (no CUPTI_ACTIVITY_KIND_KERNEL "
                              f"or _RUNTIME table; was CUDA traced?)")
-        self.strings: dict[int, str] = {}
+        self.strings: dict[int, object] = {}
 
     def _version(self) -> str:
         for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
@@ -98,13 +97,10 @@ class Export:
         return query(self.db, self.path, sql, args, ncols)
 
     def string_values(self, ids: np.ndarray) -> list[str]:
-        """The StringIds values of `ids`, in order."""
-        want = [int(i) for i in np.unique(ids) if int(i) not in self.strings]
-        for k in range(0, len(want), 900):  # SQLite's bound-parameter limit
-            chunk = want[k:k + 900]
-            q = f"SELECT id, value FROM StringIds WHERE id IN ({','.join('?' * len(chunk))})"
-            self.strings.update(self.db.execute(q, chunk).fetchall())
-        return [self.strings.get(int(i), f"[string {int(i)}]") for i in ids]
+        """The StringIds values of `ids`, in order (each id asked of the database once per export)."""
+        self.strings.update(lookup(self.db, "SELECT id, value FROM StringIds WHERE id IN ({})",
+                                   (i for i in np.unique(ids).tolist() if i not in self.strings)))
+        return [str(self.strings.get(int(i), f"[string {int(i)}]")) for i in ids]
 
     def parts(self) -> list[tuple[int, int]]:
         """(process id, device id) pairs with device activity, in order of first activity."""
@@ -134,21 +130,6 @@ class Export:
         return 0
 
 
-def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | None) -> int:
-    """`--rank-from` on the file name (plus the part's index), else the process's own rank, else
-    `rank N` in the file name (plus the index), else the index."""
-    if rank_from:
-        m = re.search(rank_from, path.name)
-        if not m or not m.groups() or not (m.group(1) or "").isdigit():
-            raise TraceError(f"{path}: --rank-from {rank_from!r} does not match the file name with a number as "
-                             f"its first group")
-        return int(m.group(1)) + index
-    if from_process is not None:
-        return from_process
-    m = re.search(r"rank[-_]?(\d+)", path.name, re.IGNORECASE)
-    return int(m.group(1)) + index if m else index
-
-
 def load_exports(path: str | Path, rank_from: str | None = None):
     """One Trace per (process, device) of an export, one at a time."""
     path = Path(path)
@@ -157,10 +138,8 @@ def load_exports(path: str | Path, rank_from: str | None = None):
         parts = ex.parts()
         if not parts:
             raise TraceError(f"{path}: an Nsight Systems export without CUDA kernels, copies or runtime calls")
-        for i, (pid, dev) in enumerate(parts):
-            label = str(path) if len(parts) == 1 else f"{path}#pid={pid},device={dev}"
-            yield _load_part(ex, pid, dev, rank_for(path, i, rank_from, ex.thread_rank(pid)),
-                             first_of_process=all(p != pid for p, _ in parts[:i]), label=label)
+        yield from each_part(path, parts, "pid={},device={}", ex.thread_rank, rank_from,
+                             lambda pid, dev, rank, first, label: _load_part(ex, pid, dev, rank, first, label))
     finally:
         ex.db.close()
 

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .nsys import rank_for
-from .sqlite_export import Source, assemble, codes, open_readonly, query, tables
-from .trace import TraceError
+from .sqlite_export import Source, assemble, each_part, lookup, open_readonly, query, tables
+from .trace import TraceError, codes
 
 KNOWN_SCHEMAS = ("3",)
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -55,13 +54,8 @@ class Database:
         return query(self.db, self.path, sql, args, ncols)
 
     def strings(self, table: str, column: str, ids: np.ndarray) -> list[str]:
-        got: dict[int, str] = {}
-        want = [int(i) for i in ids]
-        for k in range(0, len(want), 900):
-            chunk = want[k:k + 900]
-            got.update(self.db.execute(f"SELECT id, {column} FROM {table} WHERE id IN ({','.join('?' * len(chunk))})",
-                                       chunk).fetchall())
-        return [str(got.get(i, f"[{table} {i}]")) for i in want]
+        got = lookup(self.db, f"SELECT id, {column} FROM {table} WHERE id IN ({{}})", ids)
+        return [str(got.get(int(i), f"[{table} {int(i)}]")) for i in ids]
 
     def parts(self) -> list[tuple[int, int]]:
         """(process, GPU agent) pairs with device work, in order of first work."""
@@ -96,10 +90,8 @@ def load_databases(path: str | Path, rank_from: str | None = None):
         parts = d.parts()
         if not parts:
             raise TraceError(f"{path}: a rocpd database without kernel dispatches or memory copies")
-        for i, (pid, agent) in enumerate(parts):
-            label = str(path) if len(parts) == 1 else f"{path}#process={pid},agent={agent}"
-            yield _load_part(d, pid, agent, rank_for(path, i, rank_from, d.env_rank(pid)),
-                             first_of_process=all(p != pid for p, _ in parts[:i]), label=label)
+        yield from each_part(path, parts, "process={},agent={}", d.env_rank, rank_from,
+                             lambda pid, agent, rank, first, label: _load_part(d, pid, agent, rank, first, label))
     finally:
         d.db.close()
 

@@ -4,14 +4,17 @@ columns (device work, runtime calls, annotations), so both give the Kineto path'
 
 from __future__ import annotations
 
+import re
 import sqlite3
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
-from .trace import BYTES_PER_EVENT, Trace, TraceError, max_events
+from .native import Refused
+from .trace import BYTES_PER_EVENT, Trace, TraceError, codes, max_events
 
 MAGIC = b"SQLite format 3\x00"
 BATCH = 1 << 16
@@ -72,19 +75,41 @@ def query(db: sqlite3.Connection, path: Path, sql: str, args: tuple = (), ncols:
     return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros((0, ncols), np.int64)
 
 
-def codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct values ascending, each value's index among them), as np.unique(return_inverse=True)
-    gives, in linear time where the values span a small range (string ids, kinds)."""
-    if not len(values):
-        return values[:0], np.zeros(0, np.int64)
-    lo, hi = int(values.min()), int(values.max())
-    if hi - lo > 1 << 24:
-        return np.unique(values, return_inverse=True)
-    seen = np.zeros(hi - lo + 1, bool)
-    seen[values - lo] = True
-    distinct = np.flatnonzero(seen)
-    index = np.cumsum(seen) - 1
-    return distinct + lo, index[values - lo]
+def lookup(db: sqlite3.Connection, sql: str, ids) -> dict[int, object]:
+    """`sql` ("SELECT id, value FROM t WHERE id IN ({})") for the given ids, in chunks below
+    SQLite's bound-parameter limit: {id: value}."""
+    want = [int(i) for i in ids]
+    got: dict[int, object] = {}
+    for k in range(0, len(want), 900):
+        chunk = want[k:k + 900]
+        got.update(db.execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall())
+    return got
+
+
+def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | None) -> int:
+    """`--rank-from` on the file name (plus the part's index), else the process's own rank, else
+    `rank N` in the file name (plus the index), else the index."""
+    if rank_from:
+        m = re.search(rank_from, path.name)
+        if not m or not m.groups() or not (m.group(1) or "").isdigit():
+            raise TraceError(f"{path}: --rank-from {rank_from!r} does not match the file name with a number as "
+                             f"its first group")
+        return int(m.group(1)) + index
+    if from_process is not None:
+        return from_process
+    m = re.search(r"rank[-_]?(\d+)", path.name, re.IGNORECASE)
+    return int(m.group(1)) + index if m else index
+
+
+def each_part(path: Path, parts: list[tuple[int, int]], unit: str, own_rank: Callable[[int], int | None],
+              rank_from: str | None, load: Callable[..., Trace]) -> Iterator[Trace]:
+    """One Trace per (process, device) pair of a database, one at a time: `load(pid, device, rank,
+    first_of_process, label)`; `unit` names the pair in labels ("pid={},device={}")."""
+    seen: set[int] = set()
+    for i, (pid, dev) in enumerate(parts):
+        label = str(path) if len(parts) == 1 else f"{path}#{unit.format(pid, dev)}"
+        yield load(pid, dev, rank_for(path, i, rank_from, own_rank(pid)), pid not in seen, label)
+        seen.add(pid)
 
 
 @dataclass
@@ -110,7 +135,7 @@ def assemble(label: str, rank: int, sources: list[Source], zero_ns: int, origin_
     if not sources:
         raise TraceError(f"{label}: no device work, runtime calls or annotations for this process and device")
     if sum(len(s.start) for s in sources) > max_events():  # the JSON readers' bound (trace.BYTES_PER_EVENT)
-        raise TraceError(f"{label}: more events than the memory here holds (each costs ~{BYTES_PER_EVENT} bytes)")
+        raise TraceError(f"{label}: {Refused.WHY[8].format(per_event=BYTES_PER_EVENT)}")
     names, offset, parts = [], 0, []
     for s in sources:
         parts.append(s.code.astype(np.int64) + offset)

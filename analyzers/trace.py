@@ -562,6 +562,25 @@ _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts
 _get_name, _get_cat, _get_tid = attrgetter("name"), attrgetter("cat"), attrgetter("tid")
 
 
+def codes(values: np.ndarray, space: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for integers, in O(n) with a lookup table where they
+    span a small range (name x cat keys, string ids, kinds); `space`: the values are known to lie
+    in [0, space), which spares the min/max pass."""
+    if not len(values):
+        return values[:0], np.zeros(0, np.int32)
+    lo, hi = (0, space - 1) if space is not None else (int(values.min()), int(values.max()))
+    if hi - lo > 1 << 24:
+        uniq, inverse = np.unique(values, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    rel = values - lo if lo else values
+    seen = np.zeros(hi - lo + 1, bool)
+    seen[rel] = True
+    uniq = np.flatnonzero(seen)
+    lut = np.zeros(len(seen), np.int32)
+    lut[uniq] = np.arange(len(uniq), dtype=np.int32)
+    return uniq + lo, lut[rel]
+
+
 def factorize(values: list) -> tuple[np.ndarray, list]:
     """Integer codes for a list of hashables (in order of first appearance), with the distinct
     values; C-level dict lookups only."""

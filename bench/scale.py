@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hostile import PROBE  # noqa: E402  (peak RSS from VmHWM, as every bench here)
 from rankset import generate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -30,9 +31,7 @@ from tests.test_scale import _dask_cluster, _stop  # noqa: E402  (the same clust
 def analyze_cmd(path: Path, *extra: str) -> tuple[float, dict, int]:
     """Seconds of a whole `commprobe analyze --json`, its result, and the driver's peak RSS (bytes)."""
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", "import resource, sys\nfrom commprobe.probe.cli import main\n"
-                        "try:\n    main()\nfinally:\n    sys.stderr.write('RSS %d\\n' % resource.getrusage("
-                        "resource.RUSAGE_SELF).ru_maxrss)", "analyze", str(path), "--json", *extra],
+    r = subprocess.run([sys.executable, "-c", PROBE, "analyze", str(path), "--json", *extra],
                        capture_output=True, text=True, timeout=3600)
     dt = time.perf_counter() - t
     if r.returncode:
