@@ -19,6 +19,7 @@ import numpy as np
 from commprobe.common.bundle import read_manifest, single_manifest, sub_bundles, telemetry_path
 
 from . import collectives as coll
+from . import remote
 from .classify import CATEGORIES, load_rules
 from .links import link_kernels_to_host_ops  # noqa: F401  (imported with the analysis, not inside the first classify)
 from .ranks import map_ranks
@@ -44,10 +45,11 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
     where the map ran."""
     t0 = time.perf_counter()
-    path = Path(path)
+    url = remote.is_url(path)  # an fsspec URL: traces only (a bundle is a local directory)
+    path = path if url else Path(path)
     if not 0 < threshold < 1:
         raise TraceError(f"threshold must be between 0 and 1, got {threshold}")
-    manifest = single_manifest(path)
+    manifest = None if url else single_manifest(path)
     rules = load_rules(rules_file) if rules_file else []
     ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
     links: dict[str, int] = {}
@@ -98,7 +100,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         "kernel_links": links,
         "graphs": {str(r): g for r, g in sorted(graphs.items())},
         "origin_ns": origin,
-        "telemetry": _telemetry(path, manifest, origin),
+        "telemetry": None if url else _telemetry(path, manifest, origin),
         "unclassified": {"count": sum(unknown.values()),
                          "names": [{"name": n, "count": c} for n, c in sorted(unknown.items(), key=lambda kv: -kv[1])[:50]]},
         "elapsed_s": time.perf_counter() - t0,
@@ -157,6 +159,8 @@ def analyze_backends(path: str | Path, jobs: int = 1) -> dict[str, dict] | None:
 
 def load_result(path: str | Path, jobs: int = 1) -> dict:
     """An analysis JSON file, or anything `analyze` accepts."""
+    if remote.is_url(path):
+        return analyze(path, jobs=jobs)
     p = Path(path)
     try:
         is_json = p.suffix == ".json" and p.is_file()

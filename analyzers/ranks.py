@@ -17,6 +17,7 @@ from pathlib import Path
 from commprobe.common.host import usable_cores
 
 from . import collectives as coll
+from . import remote
 from .attribution import rank_breakdown
 from .classify import Rule, classify
 from .graphs import graph_facts
@@ -159,7 +160,8 @@ CONNECT_TIMEOUT_S = 8  # the whole command answers within 10 s
 def _map_dask(files: list[Path], rules: list[Rule], address: str, rank_from: str | None = None):
     """One task per rank on an existing Dask distributed cluster (dask-jobqueue on SLURM,
     dask-kubernetes, or `dask scheduler` + `dask worker` by hand): each worker opens its trace from
-    the path (a filesystem the workers share) and only the summary travels back. A task whose
+    the path (a filesystem the workers share) or the fsspec URL (s3://, gs://: each worker reads with
+    its own credentials) and only the summary travels back. A task whose
     worker dies is retried once."""
     try:
         from dask.distributed import Client
@@ -171,7 +173,8 @@ def _map_dask(files: list[Path], rules: list[Rule], address: str, rank_from: str
         raise TraceError(f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_S} s "
                          f"({type(e).__name__})") from None
     with client:
-        futures = client.map(summarize, [str(Path(f).resolve()) for f in files], rules=list(rules), rank_from=rank_from,
+        futures = client.map(summarize, [f if remote.is_url(f) else str(Path(f).resolve()) for f in files],
+                             rules=list(rules), rank_from=rank_from,
                              retries=1, pure=False)
         try:
             for f, fut in zip(files, futures):

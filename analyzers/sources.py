@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import remote
 from .sqlite_export import is_sqlite
 from .trace import Trace, TraceError, load_trace
 
@@ -15,7 +16,17 @@ SQLITE_SUFFIXES = (".sqlite", ".db")  # nsys export; rocprofv3's rocpd (%pid%_re
 
 
 def traces_in(file: str | Path, rank_from: str | None = None) -> Iterator[Trace]:
-    """The ranks a file holds, one at a time."""
+    """The ranks a file holds, one at a time. A URL's Kineto trace is streamed from where it is;
+    an export named by a URL is copied to a local temporary file first (SQLite reads local files)."""
+    if remote.is_url(file):
+        if not remote.name_of(file).endswith((".nsys-rep", *SQLITE_SUFFIXES)):
+            yield load_trace(file)
+            return
+        with tempfile.TemporaryDirectory(prefix="commprobe-remote-") as tmp:
+            for t in traces_in(remote.local_copy(file, tmp), rank_from):
+                t.path = file if t.path.startswith(tmp) else t.path
+                yield t
+        return
     file = Path(file)
     if file.name.endswith(".nsys-rep"):
         from . import nsys

@@ -151,19 +151,29 @@ def max_trace_bytes(streamed: bool = False) -> int:
 CHUNK = int(os.environ.get("COMMPROBE_CHUNK_BYTES") or 8 << 20)  # uncompressed bytes the scanner sees at a time
 
 
-def _open_checked(path: Path, streamed: bool = False):
-    """The open file, whether it is gzip, and the memory limit; refuses empty and too-large files."""
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+def _open_checked(path: Path | str, streamed: bool = False):
+    """The open file, whether it is gzip, and the memory limit; refuses empty and too-large files.
+    `path` may be an fsspec URL (remote.py)."""
+    from . import remote
+
+    if remote.is_url(path):
+        f, size = remote.open_url(path)
+    else:
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+        f = None
     if size == 0:
+        if f is not None:
+            f.close()
         raise TraceError(f"{path}: empty file")
     limit = max_trace_bytes(streamed)
-    try:  # unbuffered: readall() sizes its buffer once (a buffered read after a seek grows it, twice the file at peak)
-        f = open(path, "rb", buffering=0)
-    except OSError as e:  # permission denied, a file removed meanwhile
-        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+    if f is None:
+        try:  # unbuffered: readall() sizes its buffer once (a buffered read after a seek grows it, twice the file at peak)
+            f = open(path, "rb", buffering=0)
+        except OSError as e:  # permission denied, a file removed meanwhile
+            raise TraceError(f"{path}: cannot read ({e.strerror})") from None
     gz = f.read(2) == b"\x1f\x8b"
     if gz:
         # ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a cheap first guard.
@@ -228,7 +238,7 @@ def _read_bytes(path: Path) -> bytes:
                 data += piece
             data = bytes(data)
         else:
-            data = f.readall()
+            data = f.readall() if hasattr(f, "readall") else f.read()  # fsspec files: read() is the whole file
     if len(data) > limit:
         raise _too_large(path, limit)
     if not data[:4096].strip() and not data.strip():
@@ -498,14 +508,17 @@ def _decode_meta(raw: bytes | None):
 
 
 def load_trace(path: str | Path, rank: int | None = None) -> Trace:
-    path = Path(path)
+    from . import remote
+
+    url = remote.is_url(path)
+    path = path if url else Path(path)
     cols = _columns_native(path) or _columns_msgspec(path, _read_bytes(path))
     dist, meta = _decode_meta(cols.dist_raw), _decode_meta(cols.meta_raw)
     if rank is None:
         if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
             rank = dist["rank"]
         else:
-            m = _RANK_IN_NAME.search(path.name)
+            m = _RANK_IN_NAME.search(remote.name_of(path) if url else path.name)
             rank = int(m.group(1)) if m else 0
     ts, dur = cols.ts, cols.dur
     if len(dur) and dur.min() < 0:
@@ -589,15 +602,21 @@ def factorize(values: list) -> tuple[np.ndarray, list]:
 
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".db")  # Kineto JSON; Nsight, rocpd (sources.py)
+BUNDLE_FILES = ("manifest.json", "timings.json")  # a bundle's own files, not traces
 
 
 def _trace_files(d: Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
-                  and p.name not in ("manifest.json", "timings.json") and not p.name.startswith("."))
+                  and p.name not in BUNDLE_FILES and not p.name.startswith("."))
 
 
-def trace_files(path: str | Path) -> list[Path]:
-    """The trace files `path` names: itself, or the rank traces in a directory."""
+def trace_files(path: str | Path) -> list[Path | str]:
+    """The trace files `path` names: itself, or the rank traces in a directory; an fsspec URL
+    (s3://bucket/run/) gives URLs."""
+    from . import remote
+
+    if remote.is_url(path):
+        return remote.trace_files(path, TRACE_SUFFIXES, BUNDLE_FILES)
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -643,7 +662,9 @@ class RankSet:
 
 def iter_traces(path: str | Path):
     """Load one rank at a time (memory holds one trace, not the run), checking the set as it goes."""
-    path = Path(path)
+    from . import remote
+
+    path = path if remote.is_url(path) else Path(path)
     ranks = RankSet(path)
     for f in trace_files(path):
         t = load_trace(f)

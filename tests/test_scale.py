@@ -114,6 +114,19 @@ def test_a_real_dask_cluster_gives_the_same_analysis(tmp_path):
         r = run_cli("analyze", str(d), "--json", "--scheduler", address)
         assert r.returncode == 0, r.stderr
         assert _strip(json.loads(r.stdout)) == _strip(analyze(d, jobs=1))
+        # A URL: each worker opens the trace through fsspec itself (a zip archive on a file:// URL here;
+        # s3:// and gs:// go the same way with s3fs or gcsfs installed).
+        import zipfile
+
+        with zipfile.ZipFile(tmp_path / "run.zip", "w") as z:
+            for f in sorted(d.iterdir()):
+                z.write(f, f"run/{f.name}")
+        url = f"zip://run::file://{tmp_path / 'run.zip'}"
+        r = run_cli("analyze", url, "--json", "--scheduler", address)
+        assert r.returncode == 0, r.stderr
+        via_url = _strip(json.loads(r.stdout))
+        assert via_url["source"]["files"][0] == f"zip://run/rank0.trace.json.gz::file://{tmp_path / 'run.zip'}"
+        assert via_url["phases"] == _strip(analyze(d, jobs=1))["phases"]
         (tmp_path / "diesonce").mkdir()
         dies = _run(tmp_path / "diesonce")  # a worker dies mid-task: Dask reschedules it, same answer
         r = run_cli("analyze", str(dies), "--json", "--scheduler", address)
