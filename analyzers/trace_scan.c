@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__ /* every x86-64 CPU: no -march needed, the cached library stays portable */
+#include <emmintrin.h>
+#endif
 
 typedef struct {
     char *p;
@@ -67,8 +70,19 @@ typedef struct {
 
 #define FAIL(c, code) do { if (!(c)->s->err) { (c)->s->err = (code); (c)->s->err_pos = (int64_t)((c)->p - (c)->b); } return -1; } while (0)
 
+/* JSON's four whitespace bytes. */
+static const uint8_t WS[256] = {[' '] = 1, ['\n'] = 1, ['\r'] = 1, ['\t'] = 1};
+
 static inline void ws(cur_t *c) {
-    while (c->p < c->e && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
+    const unsigned char *p = c->p, *e = c->e;
+    while (e - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        if (w != 0x2020202020202020ull) break;
+        p += 8;
+    }
+    while (p < e && WS[*p]) p++;
+    c->p = p;
 }
 
 static int32_t hex4(const unsigned char *p) {
@@ -82,14 +96,33 @@ static int32_t hex4(const unsigned char *p) {
     return v;
 }
 
+/* The first '"', '\\' or control byte in [p, e), or e: sixteen bytes at a time where SSE2 is. */
+static inline const unsigned char *string_stop(const unsigned char *p, const unsigned char *e) {
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), ctl = _mm_set1_epi8(0x1f);
+    while (e - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                   _mm_cmpeq_epi8(_mm_min_epu8(v, ctl), v)); /* v <= 0x1f, unsigned */
+        int mask = _mm_movemask_epi8(hit);
+        if (mask) return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < e && *p != '"' && *p != '\\' && *p >= 0x20) p++;
+    return p;
+}
+
 /* A string token starting at '"'; leaves p after the closing quote. Checks escapes (a surrogate
- * only in a pair) and control characters as JSON requires (UTF-8 is checked by Python for the strings it decodes). */
-static int skip_string(cur_t *c) {
+ * only in a pair) and control characters as JSON requires (UTF-8 is checked by Python for the
+ * strings it decodes). *esc (when asked) says whether the token holds an escape. */
+static int scan_string(cur_t *c, int *esc) {
     const unsigned char *p = c->p + 1, *e = c->e;
     for (;;) {
-        while (p < e && *p != '"' && *p != '\\' && *p >= 0x20) p++;
+        p = string_stop(p, e);
         if (p >= e || *p < 0x20) { c->p = p; FAIL(c, 1); }
         if (*p == '"') { c->p = p + 1; return 0; }
+        if (esc) *esc = 1;
         p++; /* a backslash: one escape */
         if (p >= e) { c->p = p; FAIL(c, 1); }
         if (*p == 'u') {
@@ -116,41 +149,78 @@ static int skip_string(cur_t *c) {
     }
 }
 
+static inline int skip_string(cur_t *c) { return scan_string(c, NULL); }
+
+/* Whether p[0..8) are eight ASCII digits, and their value (SWAR, as simdjson parses them). */
+static inline int eight_digits(const unsigned char *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return ((w & 0xF0F0F0F0F0F0F0F0ull) | (((w + 0x0606060606060606ull) & 0xF0F0F0F0F0F0F0F0ull) >> 4)) ==
+           0x3333333333333333ull;
+}
+
+static inline uint64_t eight_value(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8); /* little-endian: the first digit in the low byte */
+    v -= 0x3030303030303030ull;
+    v = v * 10 + (v >> 8);
+    v = (((v & 0x000000FF000000FFull) * 0x000F424000000064ull) + (((v >> 16) & 0x000000FF000000FFull) * 0x0000271000000001ull)) >> 32;
+    return v;
+}
+
 /* JSON number grammar; value returned through *out (exact for the common case). */
 static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
 static int number(cur_t *c, double *out, int *is_int) {
-    const unsigned char *s = c->p;
+    /* Locals, not c->p: a byte read through an unsigned char pointer may alias c->p, so the
+     * compiler would store and reload the cursor around every digit. */
+    const unsigned char *s = c->p, *p = c->p, *e = c->e;
+#define NFAIL(code) do { c->p = p; FAIL(c, code); } while (0)
     int neg = 0;
-    if (c->p < c->e && *c->p == '-') { neg = 1; c->p++; }
-    if (c->p >= c->e || *c->p < '0' || *c->p > '9') FAIL(c, 1);
+    if (p < e && *p == '-') { neg = 1; p++; }
+    if (p >= e || *p < '0' || *p > '9') NFAIL(1);
     uint64_t m = 0;
     int digits = 0, exp10 = 0;
-    if (*c->p == '0') { c->p++; }
-    else while (c->p < c->e && *c->p >= '0' && *c->p <= '9') {
-        if (digits < 19) { m = m * 10 + (uint64_t)(*c->p - '0'); digits++; } else exp10++;
-        c->p++;
-    }
-    *is_int = 1;
-    if (c->p < c->e && *c->p == '.') {
-        *is_int = 0;
-        c->p++;
-        if (c->p >= c->e || *c->p < '0' || *c->p > '9') FAIL(c, 1);
-        while (c->p < c->e && *c->p >= '0' && *c->p <= '9') {
-            if (digits < 19) { m = m * 10 + (uint64_t)(*c->p - '0'); digits++; exp10--; }
-            c->p++;
+    if (*p == '0') { p++; }
+    else {
+        while (digits <= 11 && e - p >= 8 && eight_digits(p)) { /* timestamps: 13-16 digits */
+            m = m * 100000000u + eight_value(p);
+            digits += 8;
+            p += 8;
+        }
+        while (p < e && *p >= '0' && *p <= '9') {
+            if (digits < 19) { m = m * 10 + (uint64_t)(*p - '0'); digits++; } else exp10++;
+            p++;
         }
     }
-    if (c->p < c->e && (*c->p == 'e' || *c->p == 'E')) {
+    *is_int = 1;
+    if (p < e && *p == '.') {
         *is_int = 0;
-        c->p++;
+        p++;
+        if (p >= e || *p < '0' || *p > '9') NFAIL(1);
+        while (digits <= 11 && e - p >= 8 && eight_digits(p)) {
+            m = m * 100000000u + eight_value(p);
+            digits += 8;
+            exp10 -= 8;
+            p += 8;
+        }
+        while (p < e && *p >= '0' && *p <= '9') {
+            if (digits < 19) { m = m * 10 + (uint64_t)(*p - '0'); digits++; exp10--; }
+            p++;
+        }
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        *is_int = 0;
+        p++;
         int eneg = 0, ev = 0;
-        if (c->p < c->e && (*c->p == '+' || *c->p == '-')) { eneg = *c->p == '-'; c->p++; }
-        if (c->p >= c->e || *c->p < '0' || *c->p > '9') FAIL(c, 1);
-        while (c->p < c->e && *c->p >= '0' && *c->p <= '9') { if (ev < 100000) ev = ev * 10 + (*c->p - '0'); c->p++; }
+        if (p < e && (*p == '+' || *p == '-')) { eneg = *p == '-'; p++; }
+        if (p >= e || *p < '0' || *p > '9') NFAIL(1);
+        while (p < e && *p >= '0' && *p <= '9') { if (ev < 100000) ev = ev * 10 + (*p - '0'); p++; }
         exp10 += eneg ? -ev : ev;
     }
+    c->p = p;
+#undef NFAIL
     if (!out) return 0;
     /* Clinger's fast path: an exact mantissa below 2^53 and a power of ten below 1e23 give the
      * correctly rounded result with one multiplication or division. Otherwise strtod. */
@@ -175,12 +245,13 @@ static int number(cur_t *c, double *out, int *is_int) {
 static int member_key(cur_t *c, const unsigned char **k, int32_t *kn) {
     if (c->p >= c->e || *c->p != '"') FAIL(c, 1);
     *k = c->p + 1;
-    if (skip_string(c)) return -1;
+    int esc = 0;
+    if (scan_string(c, &esc)) return -1;
     if (c->p - 1 - *k > c->s->max_token) { c->p = *k - 1; FAIL(c, 5); }
     *kn = (int32_t)(c->p - 1 - *k);
     /* A key written with escapes ("p\u0068" is "ph") cannot be matched as raw bytes: refuse, and
      * the msgspec decoder, which applies JSON's rules, reads the trace. */
-    if (memchr(*k, '\\', (size_t)*kn)) FAIL(c, 2);
+    if (esc) FAIL(c, 2);
     ws(c);
     if (c->p >= c->e || *c->p != ':') FAIL(c, 1);
     c->p++;
@@ -240,10 +311,19 @@ static int skip_value(cur_t *c, int depth) {
     }
 }
 
+/* Eight bytes per multiply (names are often 50-300 bytes of C++ template); a byte-at-a-time
+ * FNV cost more than the scanning of the string did. */
 static uint32_t hash_bytes(const unsigned char *p, int32_t n) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < (size_t)n; i++) h = (h ^ p[i]) * 16777619u;
-    return h;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)(uint32_t)n, w;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    w = 0;
+    memcpy(&w, p, (size_t)(n > 0 ? n : 0));
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    return (uint32_t)(h ^ (h >> 32));
 }
 
 static int grow(void **p, int64_t cap, size_t elem) {
@@ -269,28 +349,19 @@ static int64_t arena_put(arena_t *a, const void *p, int64_t n) {
 /* 1: a plain hint occurs in the name (its events' args are kept); 2: only a '#'-prefixed hint
  * does (kernel launches: only their args' "correlation" number is kept, in its own column); 0. */
 static int has_hint(scan_t *s, const unsigned char *p, int32_t n) {
+    /* ASCII-lowered once, then one memmem per hint (it runs once per distinct name). */
+    unsigned char small[512], *low = n <= (int32_t)sizeof small ? small : malloc((size_t)n);
+    if (!low) return 1; /* out of memory: keep the args (the safe answer) */
+    for (int32_t i = 0; i < n; i++) low[i] = p[i] >= 'A' && p[i] <= 'Z' ? (unsigned char)(p[i] - 'A' + 'a') : p[i];
     int found = 0;
-    for (int32_t h = 0; h < s->nhints; h++) {
+    for (int32_t h = 0; h < s->nhints && found != 1; h++) {
         const char *hint = s->hints[h];
         int corr_only = hint[0] == '#';
-        if (corr_only) hint++;
         if (corr_only && found) continue;
-        size_t k = strlen(hint);
-        for (size_t i = 0; i + k <= (size_t)n; i++) {
-            size_t j = 0;
-            while (j < k) {
-                unsigned char ch = p[i + j];
-                if (ch >= 'A' && ch <= 'Z') ch = (unsigned char)(ch - 'A' + 'a');
-                if (ch != (unsigned char)hint[j]) break;
-                j++;
-            }
-            if (j == k) {
-                if (!corr_only) return 1;
-                found = 2;
-                break;
-            }
-        }
+        hint += corr_only;
+        if (memmem(low, (size_t)n, hint, strlen(hint))) found = corr_only ? 2 : 1;
     }
+    if (low != small) free(low);
     return found;
 }
 

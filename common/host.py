@@ -4,8 +4,6 @@ bundle's manifest, the launcher and the sweep all need them)."""
 from __future__ import annotations
 
 import os
-import platform
-import socket
 from pathlib import Path
 
 
@@ -42,6 +40,8 @@ def _cpuinfo_field(*keys: str) -> str | None:
 
 def cpu_model() -> str:
     """The CPU's marketing name (x86 `model name`), else what platform says."""
+    import platform  # here, not at import: an analysis that never asks starts sooner
+
     return _cpuinfo_field("model name") or platform.processor()
 
 
@@ -61,4 +61,6 @@ def cpu_has(flag: str) -> bool:
 def host_name() -> str:
     """This host's name in bundles and telemetry file names; COMMPROBE_HOST overrides it (two
     agents on one machine standing for two hosts)."""
+    import socket
+
     return os.environ.get("COMMPROBE_HOST") or socket.gethostname()

@@ -11,6 +11,11 @@ from __future__ import annotations
 import os
 import sys
 
+# numpy's OpenBLAS starts a spinning thread per core at import; nothing here multiplies matrices
+# with numpy (the analysis is searches and sorts, the model runs in torch), and on a 2-core host
+# those threads take the cores a --jobs pool's workers need. A user's own setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import typer
 
 from commprobe.common.errors import InputError
@@ -137,7 +142,6 @@ def analyze(
 
     from commprobe.analyzers.analysis import analyze as run_analysis
     from commprobe.analyzers.ranks import default_jobs
-    from commprobe.reports.terminal import render_analysis
 
     if align not in ("base", "collective-end"):
         fail(f"unknown --align {align!r} (base, collective-end)")
@@ -152,6 +156,8 @@ def analyze(
     if json_out:
         print(json.dumps(result, indent=1))
     else:
+        from commprobe.reports.terminal import render_analysis
+
         render_analysis(result, console)
 
 

@@ -48,7 +48,7 @@ def bench_collectives(
     if world < 2:
         fail("--world must be >= 2")
     check_cores(world, oversubscribe)
-    with Progress(console=err if json_out else console, transient=True) as bar:
+    with Progress(console=(err if json_out else console).real(), transient=True) as bar:
         task = bar.add_task("sweeping", total=len(cfg.sizes()) * len(ops))
 
         def poll() -> None:

@@ -6,10 +6,29 @@ import sys
 from typing import NoReturn
 
 import typer
-from rich.console import Console
 
-console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
+
+class _LazyConsole:
+    """rich's Console, made on first use: importing rich costs ~30-50 ms that a `--json` run
+    never needs (start-up is most of a small analysis)."""
+
+    def __init__(self, **kwargs):
+        self._kwargs, self._real = kwargs, None
+
+    def real(self):
+        """The Console itself, for rich objects that take one (Progress)."""
+        if self._real is None:
+            from rich.console import Console
+
+            self._real = Console(**self._kwargs)
+        return self._real
+
+    def __getattr__(self, name: str):
+        return getattr(self.real(), name)
+
+
+console = _LazyConsole(width=None if sys.stdout.isatty() else 120)
+err = _LazyConsole(stderr=True)
 
 
 def fail(msg: str, code: int = 2) -> NoReturn:

@@ -142,3 +142,45 @@ def test_a_trace_too_large_to_decode_whole_is_streamed(tmp_path, monkeypatch):
     monkeypatch.setenv("COMMPROBE_PURE_PYTHON", "1")
     with pytest.raises(TraceError, match="too large for memory"):
         load_trace(p)
+
+
+def _fast_path_doc() -> str:
+    """Strings and numbers placed across the scanner's 16-byte string windows and 8-digit number
+    blocks: escapes, quotes and non-ASCII at every offset, numbers of 1-25 digits in each part,
+    whitespace runs of every length."""
+    import random
+
+    rng = random.Random(7)
+    events = []
+    for n in range(40):
+        for special in ("\\", '"', "\u00e9", "\u4e2d", "\n", "\t", "\ud83d\ude00"):
+            k = rng.randrange(n + 1)
+            name = "x" * k + special + "y" * (n - k)
+            digits = "".join(rng.choice("0123456789") for _ in range(rng.randrange(1, 26))).lstrip("0") or "0"
+            frac = "".join(rng.choice("0123456789") for _ in range(rng.randrange(1, 26)))
+            ts = f"{digits}.{frac}" if rng.random() < 0.7 else digits
+            if rng.random() < 0.2:
+                ts += f"e{rng.choice(['', '-', '+'])}{rng.randrange(0, 12)}"
+            dur = f"0.{'0' * rng.randrange(0, 12)}{rng.randrange(1, 10**9)}"
+            events.append(f'{{"ph": "X",{" " * rng.randrange(0, 20)}"name": {json.dumps(name)},'
+                          f'\n{" " * rng.randrange(0, 20)}"cat": "kernel", "ts": {ts}, "dur": {dur},\r\n\t"tid": {n}}}')
+    return '{"traceEvents": [\n' + ",\n".join(events) + "\n]}"
+
+
+@pytest.mark.parametrize("chunk", [None, 7, 16, 17])
+def test_the_scanners_fast_paths_read_like_msgspec(tmp_path, monkeypatch, chunk):
+    from commprobe.analyzers import trace
+
+    text = _fast_path_doc()
+    p = tmp_path / "fast.json"
+    p.write_text(text)
+    if chunk:
+        monkeypatch.setattr(trace, "CHUNK", chunk)
+    a, b = _both(p)
+    _same(a, b)
+    expected = sorted(float(e["ts"]) for e in json.loads(text)["traceEvents"])
+    assert len(a.ts) == 280 and a.ts.tolist() == expected  # every number exactly as Python's float() reads it
+    for ch in ("\x01", "\x1f", "\n"):  # a raw control character in a string, at every offset: invalid JSON
+        for k in range(18):
+            doc = '{"traceEvents": [{"ph": "X", "name": "' + "a" * k + ch + 'b", "ts": 1, "dur": 1}]}'
+            assert isinstance(native.scan([doc.encode()], ()), native.Refused), (k, ch)
