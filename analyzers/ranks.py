@@ -10,8 +10,10 @@ because Nsight Systems' multi-report recipes use it and it already runs on SLURM
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from commprobe.common.host import usable_cores
@@ -44,12 +46,65 @@ def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = 
     one per process and device for an Nsight export), one rank in memory at a time."""
     _fault(file)
     out = []
-    for t in traces_in(file, rank_from):
-        cls = classify(t, list(rules))
-        out.append(RankSummary(t.rank, t.path, t.distributed, t.origin_ns, t.uncompressed_bytes, rank_breakdown(t, cls),
-                               coll.primary_calls(t, cls), graph_facts(t), dict(cls.links), dict(cls.unknown_names)))
-        del t, cls
+    with _roomy_malloc():
+        for t in traces_in(file, rank_from):
+            cls = classify(t, list(rules))
+            out.append(RankSummary(t.rank, t.path, t.distributed, t.origin_ns, t.uncompressed_bytes,
+                                   rank_breakdown(t, cls), coll.primary_calls(t, cls), graph_facts(t), dict(cls.links),
+                                   dict(cls.unknown_names)))
+            del t, cls
     return out
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+_malloc_lock = threading.Lock()
+_malloc_users = 0
+
+
+@contextmanager
+def _roomy_malloc():
+    """Let glibc keep freed memory for reuse while a rank is analyzed, where the environment
+    forbade it. Dask's nanny starts every worker with MALLOC_TRIM_THRESHOLD_=65536
+    (distributed.nanny.pre-spawn-environ) to hand memory back to the OS; setting it also freezes
+    glibc's mmap threshold at 128 KB, so each numpy array above that is a fresh mmap, zero-filled
+    page by page: the map ran ~1.65x slower in a Dask worker than in a pool worker (bench/RESULTS.md).
+    For the task's duration the thresholds are raised; after the last concurrent task the
+    environment's values come back and the heap is trimmed, as the worker asked."""
+    global _malloc_users
+    trim = os.environ.get("MALLOC_TRIM_THRESHOLD_")
+    libc = _libc() if trim is not None else None
+    if libc is None:
+        yield
+        return
+    with _malloc_lock:
+        _malloc_users += 1
+        if _malloc_users == 1:
+            libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest (HEAP_MAX_SIZE / 2)
+            libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    try:
+        yield
+    finally:
+        with _malloc_lock:
+            _malloc_users -= 1
+            if _malloc_users == 0:
+                mmap = os.environ.get("MALLOC_MMAP_THRESHOLD_", "")
+                libc.mallopt(_M_MMAP_THRESHOLD, int(mmap) if mmap.isdigit() else 128 << 10)
+                libc.mallopt(_M_TRIM_THRESHOLD, int(trim) if trim.isdigit() else 128 << 10)
+                libc.malloc_trim(0)
+
+
+@lru_cache(maxsize=1)
+def _libc():
+    """glibc, when this process runs on it (mallopt is glibc's); None elsewhere (musl, macOS)."""
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
 
 
 def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1, scheduler: str | None = None,

@@ -240,3 +240,25 @@ def test_ctrl_c_leaves_no_worker_behind(tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_worker_that_forbids_malloc_reuse_gets_the_same_summary(tmp_path, monkeypatch):
+    """Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in its workers; the map raises glibc's thresholds for
+    a task's duration (two tasks at once in one worker: restored after the last) and the answer
+    does not change."""
+    import threading
+
+    from commprobe.analyzers import ranks
+
+    d = _run(tmp_path)
+    plain = [ranks.summarize(f)[0].breakdown for f in sorted(d.iterdir())]
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    out = {}
+    threads = [threading.Thread(target=lambda f=f: out.__setitem__(f.name, ranks.summarize(f)[0].breakdown))
+               for f in sorted(d.iterdir())]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [out[f.name] for f in sorted(d.iterdir())] == plain
+    assert ranks._malloc_users == 0
