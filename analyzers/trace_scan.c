@@ -434,6 +434,38 @@ static inline int key_is(const unsigned char *k, int32_t n, const char *lit) {
  * digits (the last one where a key repeats, as JSON decoders keep), else -1; -2 when a key is
  * written with escapes (the caller decodes that object in Python, by JSON's rules). The args
  * were checked when skipped, so this walk only finds the members. */
+static int64_t correlation_value(const unsigned char *v, int64_t len) {
+    int64_t x = 0, i = 0;
+    if (len < 1 || len > 18) return -1;
+    while (i < len && v[i] >= '0' && v[i] <= '9') x = x * 10 + (v[i++] - '0');
+    return i == len ? x : -1;
+}
+
+/* The args value at the cursor, skipped and checked like skip_value, reading its top-level
+ * "correlation" member on the way (the rule of find_correlation): one pass over a launch's args
+ * instead of two. A value that is not an object has no correlation (-1). */
+static int skip_args_correlation(cur_t *c, int64_t *found) {
+    *found = -1;
+    if (c->p >= c->e || *c->p != '{') return skip_value(c, 1);
+    c->p++;
+    ws(c);
+    if (c->p < c->e && *c->p == '}') { c->p++; return 0; }
+    for (;;) {
+        ws(c);
+        const unsigned char *k;
+        int32_t kn;
+        if (member_key(c, &k, &kn)) return -1;
+        const unsigned char *v = c->p;
+        if (skip_value(c, 2)) return -1;
+        if (key_is(k, kn, "correlation")) *found = correlation_value(v, c->p - v);
+        ws(c);
+        if (c->p >= c->e) FAIL(c, 1);
+        if (*c->p == ',') { c->p++; continue; }
+        if (*c->p == '}') { c->p++; return 0; }
+        FAIL(c, 1);
+    }
+}
+
 static int64_t find_correlation(const unsigned char *a, int32_t n) {
     scan_t tmp;
     tmp.err = 0;
@@ -451,15 +483,7 @@ static int64_t find_correlation(const unsigned char *a, int32_t n) {
         if (member_key(&c, &k, &kn)) return tmp.err == 2 ? -2 : -1;
         const unsigned char *v = c.p;
         if (skip_value(&c, 1)) return -1;
-        if (key_is(k, kn, "correlation")) {
-            int64_t len = c.p - v, x = 0;
-            found = -1;
-            if (len >= 1 && len <= 18) {
-                int64_t i = 0;
-                while (i < len && v[i] >= '0' && v[i] <= '9') x = x * 10 + (v[i++] - '0');
-                if (i == len) found = x;
-            }
-        }
+        if (key_is(k, kn, "correlation")) found = correlation_value(v, c.p - v);
         ws(&c);
         if (c.p >= c.e || *c.p != ',') break;
         c.p++;
@@ -476,7 +500,8 @@ static int event(cur_t *c) {
     c->p++;
     int is_x = 0;
     double ts = 0, dur = 0;
-    int32_t name = 0, cat = 0, tid = 0, args_len = 0;
+    int32_t name = 0, cat = 0, tid = 0, args_len = 0, named = 0, have_corr = 0;
+    int64_t corr = -1;
     const unsigned char *args = NULL;
     ws(c);
     if (c->p < c->e && *c->p == '}') { c->p++; return 0; }
@@ -498,7 +523,7 @@ static int event(cur_t *c) {
             if (skip_string(c) || token_len(c, v, &vn)) return -1;
             int32_t id = intern(s, kn == 4 ? &s->names : &s->cats, v, vn, kn == 4);
             if (id < 0) FAIL(c, 3);
-            if (kn == 4) name = id; else cat = id;
+            if (kn == 4) { name = id; named = 1; } else cat = id;
         } else if (key_is(k, kn, "ts") || key_is(k, kn, "dur")) {
             int is_int;
             if (*v != '-' && (*v < '0' || *v > '9')) FAIL(c, 2);
@@ -515,7 +540,13 @@ static int event(cur_t *c) {
             tid = intern(s, &s->tids, v, vn, 0);
             if (tid < 0) FAIL(c, 3);
         } else if (key_is(k, kn, "args")) {
-            if (skip_value(c, 1) || token_len(c, v, &args_len)) return -1;
+            if (named && s->names.flag[name]) { /* a launch or a candidate (name before args, as Kineto writes) */
+                if (skip_args_correlation(c, &corr)) return -1;
+                have_corr = 1;
+            } else if (skip_value(c, 1)) {
+                return -1;
+            }
+            if (token_len(c, v, &args_len)) return -1;
             args = v;
         } else if (skip_value(c, 1)) return -1;
         ws(c);
@@ -537,7 +568,7 @@ static int event(cur_t *c) {
     if (reserve_kept(s)) FAIL(c, 3);
     int64_t k = s->nk++;
     s->k_row[k] = i;
-    s->k_corr[k] = find_correlation(args, args_len);
+    s->k_corr[k] = have_corr ? corr : find_correlation(args, args_len);
     s->k_off[k] = -1;
     s->k_len[k] = 0;
     if (s->names.flag[name] == 1 || s->k_corr[k] == -2) { /* -2: Python reads these args */
