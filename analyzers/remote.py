@@ -55,6 +55,8 @@ def _child(url: str, fs, path: str) -> str:
     """The URL of `path` inside the filesystem `url` names, keeping a chained URL's tail
     (zip://a.json::s3://bucket/run.zip)."""
     head, sep, tail = url.partition("::")
+    if "://" in path:  # filesystems that list whole URLs (http)
+        return f"{path}{sep}{tail}"
     protocol = head.split("://", 1)[0]
     return f"{protocol}://{path}{sep}{tail}"
 

@@ -4,15 +4,24 @@ every file through `traces_in`, so the rest of the analysis never asks which for
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from . import remote
-from .sqlite_export import is_sqlite
 from .trace import Trace, TraceError, load_trace
 
 SQLITE_SUFFIXES = (".sqlite", ".db")  # nsys export; rocprofv3's rocpd (%pid%_results.db)
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def is_sqlite(path: Path) -> bool:
+    """Whether the file is an SQLite database (by its 16-byte header, not its name); the SQLite
+    readers (and sqlite3) are imported only for one."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
 
 
 def traces_in(file: str | Path, rank_from: str | None = None) -> Iterator[Trace]:
@@ -22,6 +31,8 @@ def traces_in(file: str | Path, rank_from: str | None = None) -> Iterator[Trace]
         if not remote.name_of(file).endswith((".nsys-rep", *SQLITE_SUFFIXES)):
             yield load_trace(file)
             return
+        import tempfile
+
         with tempfile.TemporaryDirectory(prefix="commprobe-remote-") as tmp:
             for t in traces_in(remote.local_copy(file, tmp), rank_from):
                 t.path = file if t.path.startswith(tmp) else t.path
@@ -29,6 +40,8 @@ def traces_in(file: str | Path, rank_from: str | None = None) -> Iterator[Trace]
         return
     file = Path(file)
     if file.name.endswith(".nsys-rep"):
+        import tempfile
+
         from . import nsys
 
         with tempfile.TemporaryDirectory(prefix="commprobe-nsys-") as tmp:

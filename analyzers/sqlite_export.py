@@ -16,17 +16,7 @@ import numpy as np
 from .native import Refused
 from .trace import BYTES_PER_EVENT, Trace, TraceError, codes, max_events
 
-MAGIC = b"SQLite format 3\x00"
 BATCH = 1 << 16
-
-
-def is_sqlite(path: Path) -> bool:
-    """Whether the file is an SQLite database (by its 16-byte header, not its name)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(16) == MAGIC
-    except OSError:
-        return False
 
 
 def why(e: Exception) -> str:

@@ -96,3 +96,11 @@ def test_a_truncated_trace_by_url_is_named(shared_traces, tmp_path):
     r = run_cli("analyze", f"file://{run}", "--jobs", "2")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and f"file://{victim}" in lines[0] and "gzip" in lines[0], r.stderr
+
+
+def test_listed_names_become_urls_of_the_same_filesystem():
+    from commprobe.analyzers.remote import _child
+
+    assert _child("zip://run::s3://b/set.zip", None, "run/rank0.json") == "zip://run/rank0.json::s3://b/set.zip"
+    assert _child("s3://b/run/", None, "b/run/rank0.json") == "s3://b/run/rank0.json"
+    assert _child("https://h/run/", None, "https://h/run/rank0.json") == "https://h/run/rank0.json"  # http lists URLs
