@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 from .trace import TraceError
 
@@ -61,8 +62,9 @@ def _child(url: str, fs, path: str) -> str:
     return f"{protocol}://{path}{sep}{tail}"
 
 
-def trace_files(url: str, suffixes: tuple[str, ...], skip: tuple[str, ...]) -> list[str]:
-    """The URL itself when it names a file, else the traces in the directory it names."""
+def trace_files(url: str, is_trace_name: Callable[[str], bool]) -> list[str]:
+    """The URL itself when it names a file, else the files of the directory it names whose
+    names pass `is_trace_name` (trace.py's rule, the same as on disk)."""
     fs, path = _fs(url)
     try:
         if not fs.isdir(path):
@@ -70,16 +72,10 @@ def trace_files(url: str, suffixes: tuple[str, ...], skip: tuple[str, ...]) -> l
                 raise FileNotFoundError(path)
             return [url]
         entries = fs.ls(path, detail=True)
-    except TraceError:
-        raise
     except Exception as e:  # noqa: BLE001 - see _fs
         raise _error(url, e) from None
     names = sorted(e["name"] for e in entries if e.get("type") == "file")
-    files = [n for n in names if (b := n.rstrip("/").rsplit("/", 1)[-1]).endswith(suffixes)
-             and b not in skip and not b.startswith(".")]
-    if not files:
-        raise TraceError(f"{url}: no traces (*.json, *.json.gz, Nsight *.sqlite or *.nsys-rep, rocpd *.db) here")
-    return [_child(url, fs, n) for n in files]
+    return [_child(url, fs, n) for n in names if is_trace_name(n.rstrip("/").rsplit("/", 1)[-1])]
 
 
 class _Opened:

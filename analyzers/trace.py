@@ -607,9 +607,14 @@ TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".db")  # Kineto 
 BUNDLE_FILES = ("manifest.json", "timings.json")  # a bundle's own files, not traces
 
 
+def is_trace_name(name: str) -> bool:
+    """Whether a file in a run's directory (on disk or at a URL) is one of its rank traces: not a
+    bundle's own file, not hidden."""
+    return name.endswith(TRACE_SUFFIXES) and name not in BUNDLE_FILES and not name.startswith(".")
+
+
 def _trace_files(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
-                  and p.name not in BUNDLE_FILES and not p.name.startswith("."))
+    return sorted(p for p in d.iterdir() if p.is_file() and is_trace_name(p.name))
 
 
 def trace_files(path: str | Path) -> list[Path | str]:
@@ -618,7 +623,10 @@ def trace_files(path: str | Path) -> list[Path | str]:
     from . import remote
 
     if remote.is_url(path):
-        return remote.trace_files(path, TRACE_SUFFIXES, BUNDLE_FILES)
+        files = remote.trace_files(path, is_trace_name)
+        if not files:
+            raise _no_traces(path)
+        return files
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -637,9 +645,13 @@ def trace_files(path: str | Path) -> list[Path | str]:
     except OSError as e:
         raise TraceError(f"{path}: cannot list ({e.strerror})") from None
     if not files:
-        raise TraceError(f"{path}: no traces (*.json, *.json.gz, Nsight *.sqlite or *.nsys-rep, rocpd *.db) "
-                         "in this directory")
+        raise _no_traces(path)
     return files
+
+
+def _no_traces(path) -> TraceError:
+    return TraceError(f"{path}: no traces (*.json, *.json.gz, Nsight *.sqlite or *.nsys-rep, rocpd *.db) "
+                      "in this directory")
 
 
 class RankSet:

@@ -430,10 +430,7 @@ static inline int key_is(const unsigned char *k, int32_t n, const char *lit) {
     return (size_t)n == strlen(lit) && !memcmp(k, lit, (size_t)n);
 }
 
-/* The args' top-level "correlation" member when it is a non-negative integer of at most 18
- * digits (the last one where a key repeats, as JSON decoders keep), else -1; -2 when a key is
- * written with escapes (the caller decodes that object in Python, by JSON's rules). The args
- * were checked when skipped, so this walk only finds the members. */
+/* A "correlation" member's value: a non-negative integer of at most 18 digits, else -1. */
 static int64_t correlation_value(const unsigned char *v, int64_t len) {
     int64_t x = 0, i = 0;
     if (len < 1 || len > 18) return -1;
@@ -442,8 +439,8 @@ static int64_t correlation_value(const unsigned char *v, int64_t len) {
 }
 
 /* The args value at the cursor, skipped and checked like skip_value, reading its top-level
- * "correlation" member on the way (the rule of find_correlation): one pass over a launch's args
- * instead of two. A value that is not an object has no correlation (-1). */
+ * "correlation" member on the way (the last one where a key repeats, as JSON decoders keep): one
+ * pass over a launch's args. A value that is not an object has no correlation (-1). */
 static int skip_args_correlation(cur_t *c, int64_t *found) {
     *found = -1;
     if (c->p >= c->e || *c->p != '{') return skip_value(c, 1);
@@ -466,28 +463,15 @@ static int skip_args_correlation(cur_t *c, int64_t *found) {
     }
 }
 
+/* The same for args already skipped and kept as bytes (an event whose name came after its
+ * args): -2 when a key is written with escapes (the caller decodes that object in Python). */
 static int64_t find_correlation(const unsigned char *a, int32_t n) {
     scan_t tmp;
     tmp.err = 0;
     tmp.max_token = INT32_MAX;
     cur_t c = {a, a, a + n, &tmp};
-    if (n <= 0 || *a != '{') return -1;
-    c.p++;
-    ws(&c);
-    if (c.p < c.e && *c.p == '}') return -1;
-    int64_t found = -1;
-    for (;;) {
-        ws(&c);
-        const unsigned char *k;
-        int32_t kn;
-        if (member_key(&c, &k, &kn)) return tmp.err == 2 ? -2 : -1;
-        const unsigned char *v = c.p;
-        if (skip_value(&c, 1)) return -1;
-        if (key_is(k, kn, "correlation")) found = correlation_value(v, c.p - v);
-        ws(&c);
-        if (c.p >= c.e || *c.p != ',') break;
-        c.p++;
-    }
+    int64_t found;
+    if (skip_args_correlation(&c, &found)) return tmp.err == 2 ? -2 : -1;
     return found;
 }
 
