@@ -52,25 +52,34 @@ def windows(trace: Trace, tl: Timeline) -> tuple[dict[str, list[tuple[float, flo
         good = {i: m for i, m in parsed.items() if m}
         if not good:
             continue
+        is_good = np.zeros(len(trace.names), bool)
+        is_good[list(good)] = True
+        is_good = is_good[trace.name_id]
         for on_device in sides:
             side = dev if on_device else ~dev
-            idx = np.flatnonzero(np.isin(trace.name_id, list(good)) & side)
+            idx = np.flatnonzero(is_good & side)
             if not len(idx):
                 continue
-            out: dict[str, list] = {}
-            steps: dict[str, dict] = {}
             ids = trace.name_id[idx]
-            for nid in np.unique(ids).tolist():  # per distinct annotation, not per window
-                m = good[nid]
-                ph = rule.phase_of(m)
-                sel = idx[ids == nid]
-                out.setdefault(ph, []).extend(zip(trace.ts[sel].tolist(), (trace.ts[sel] + trace.dur[sel]).tolist()))
-                st = steps.setdefault(ph, {"steps": 0})
-                st["steps"] += len(sel)
-                for k, v in rule.counts(m).items():
-                    st[k] = st.get(k, 0) + v * len(sel)
-            for spans in out.values():
-                spans.sort()
+            present = np.unique(ids).tolist()
+            # Per distinct annotation (one Python step each), then per phase by array ops: a
+            # trace of N steps has N distinct names, and per-name numpy work cost ~7 ms per 1,000.
+            phase_of = {nid: rule.phase_of(good[nid]) for nid in present}
+            order = list(dict.fromkeys(phase_of.values()))
+            lut = np.zeros(max(present) + 1, np.int32)
+            lut[present] = [order.index(ph) for ph in phase_of.values()]
+            per = lut[ids]
+            times = np.bincount(ids)
+            out: dict[str, list] = {}
+            steps: dict[str, dict] = {ph: {"steps": 0} for ph in order}
+            for nid, ph in phase_of.items():
+                st, n = steps[ph], int(times[nid])
+                st["steps"] += n
+                for k, v in rule.counts(good[nid]).items():
+                    st[k] = st.get(k, 0) + v * n
+            for k, ph in enumerate(order):
+                sel = idx[per == k]
+                out[ph] = sorted(zip(trace.ts[sel].tolist(), (trace.ts[sel] + trace.dur[sel]).tolist()))
             bad = [i for i, m in parsed.items() if m is None]
             malformed = int((np.isin(trace.name_id, bad) & side).sum()) if bad else 0
             info = {"rule": rule.name, "source": rule.source, "malformed": malformed}

@@ -88,6 +88,13 @@ class _Opened:
     def read(self, n: int = -1) -> bytes:
         return self.f.read(n)
 
+    def readinto(self, b) -> int:
+        if hasattr(self.f, "readinto"):
+            return self.f.readinto(b)
+        data = self.f.read(len(b))
+        memoryview(b).cast("B")[:len(data)] = data
+        return len(data)
+
     def seek(self, offset: int, whence: int = 0) -> int:
         return self.f.seek(offset, whence)
 

@@ -199,34 +199,29 @@ def _too_large(path: Path, limit: int) -> TraceError:
     return TraceError(f"{path}: too large for memory here (over {limit / 1e9:.1f} GB uncompressed)")
 
 
-def _iter_chunks(path: Path):
-    """The trace's uncompressed bytes in pieces of about CHUNK (what the streaming scanner reads)."""
-    f, gz, limit = _open_checked(path, streamed=True)
-    with f:
-        if not gz:
-            while piece := f.read(CHUNK):
-                yield piece
-            return
-        d, total = _inflate.decompressobj(wbits=31), 0  # gzip framing, CRC checked in C
-        while True:
-            if d.eof:  # members follow one another (pigz, bgzip, cat a.gz b.gz): read them all
-                rest = d.unused_data + f.read(1 << 20) if d.unused_data else f.read(1 << 20)
-                if not rest.strip(b"\0"):  # end of file (or the zero padding some tools add)
-                    return
-                d, raw = _inflate.decompressobj(wbits=31), rest
-            else:
-                raw = d.unconsumed_tail or f.read(1 << 20)
-                if not raw:
-                    raise _gzip_error(path, "stream ends early")
-            try:
-                out = d.decompress(raw, CHUNK)
-            except (zlib.error, _inflate.error) as e:
-                raise _gzip_error(path, e) from None
-            total += len(out)
-            if total > limit:
-                raise _too_large(path, limit)
-            if out:
-                yield out
+def _inflated(path: Path, f, limit: int):
+    """A gzip file's uncompressed bytes in pieces of at most 1 MB (the scanner copies them into its
+    window: a whole chunk per piece would hold a second chunk of memory), every member, CRC checked."""
+    d, total = _inflate.decompressobj(wbits=31), 0  # gzip framing, CRC checked in C
+    while True:
+        if d.eof:  # members follow one another (pigz, bgzip, cat a.gz b.gz): read them all
+            rest = d.unused_data + f.read(1 << 20) if d.unused_data else f.read(1 << 20)
+            if not rest.strip(b"\0"):  # end of file (or the zero padding some tools add)
+                return
+            d, raw = _inflate.decompressobj(wbits=31), rest
+        else:
+            raw = d.unconsumed_tail or f.read(1 << 20)
+            if not raw:
+                raise _gzip_error(path, "stream ends early")
+        try:
+            out = d.decompress(raw, min(CHUNK, 1 << 20))
+        except (zlib.error, _inflate.error) as e:
+            raise _gzip_error(path, e) from None
+        total += len(out)
+        if total > limit:
+            raise _too_large(path, limit)
+        if out:
+            yield out
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -235,7 +230,7 @@ def _read_bytes(path: Path) -> bytes:
     with f:
         if gz:  # every member, never more than the limit in memory
             data = bytearray()
-            for piece in _iter_chunks(path):
+            for piece in _inflated(path, f, limit):
                 data += piece
             data = bytes(data)
         else:
@@ -372,9 +367,24 @@ def _arg_rows(path: Path, ids: np.ndarray, raws: list[bytes]) -> tuple[np.ndarra
     remap[used] = np.arange(len(used))
     ids = np.where(ids >= 0, remap[np.maximum(ids, 0)], -1)
     values = _decode_values(path, [raws[i] for i in used.tolist()])
-    rows, inverse = np.unique(ids[:, :-1], axis=0, return_inverse=True)
+    rows, inverse = unique_rows(ids[:, :-1])
     dicts = [{k: values[v] for k, v in zip(ARG_KEYS, row.tolist()) if v >= 0} for row in rows]
-    return inverse.reshape(-1).astype(np.int32), dicts, _pick(ids[:, -1], _int_column(values))
+    return inverse.astype(np.int32), dicts, _pick(ids[:, -1], _int_column(values))
+
+
+def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of an integer matrix in lexicographic order, and each row's index among
+    them: np.unique(a, axis=0, return_inverse=True), by one lexsort (np.unique sorts the rows as
+    structured records: 15 ms for 3,700 rows of 9 columns, ~50x this)."""
+    if not len(a):
+        return a[:0], np.zeros(0, np.int64)
+    order = np.lexsort(a.T[::-1])
+    s = a[order]
+    new = np.ones(len(s), bool)
+    new[1:] = (s[1:] != s[:-1]).any(axis=1)
+    inverse = np.empty(len(s), np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return s[new], inverse
 
 
 def _int_column(values: list) -> np.ndarray:
@@ -412,7 +422,10 @@ def _columns_native(path: Path) -> _Columns | None:
     (no scanner here, or input it refuses that the whole-document decoder may read or name better).
     Input refused for its size or shape (truncated, a token over native.MAX_TOKEN, "traceEvents"
     twice) is an error here: handing it to a whole-document decoder would only cost more memory."""
-    s = native.scan(_iter_chunks(path), (*_HINTS, "#" + _LAUNCH), max_rows=max_events())
+    f, gz, limit = _open_checked(path, streamed=True)
+    with f:  # a plain file is read straight into the scanner's buffer
+        s = native.scan(_inflated(path, f, limit) if gz else f, (*_HINTS, "#" + _LAUNCH), max_rows=max_events(),
+                        chunk=CHUNK)
     if s is None:
         return None
     if isinstance(s, native.Refused):

@@ -184,3 +184,16 @@ def test_the_scanners_fast_paths_read_like_msgspec(tmp_path, monkeypatch, chunk)
         for k in range(18):
             doc = '{"traceEvents": [{"ph": "X", "name": "' + "a" * k + ch + 'b", "ts": 1, "dur": 1}]}'
             assert isinstance(native.scan([doc.encode()], ()), native.Refused), (k, ch)
+
+
+def test_unique_rows_is_numpys_unique_by_rows():
+    """The args' distinct rows come from one lexsort; they must be np.unique(axis=0)'s, in its order."""
+    from commprobe.analyzers.trace import unique_rows
+
+    rng = np.random.default_rng(7)
+    for n, k, hi in [(0, 3, 2), (1, 1, 1), (50, 1, 3), (3700, 9, 4), (500, 12, 40)]:
+        a = rng.integers(-1, hi, (n, k))
+        rows, inv = unique_rows(a)
+        want_rows, want_inv = np.unique(a, axis=0, return_inverse=True)
+        assert np.array_equal(rows, want_rows) and np.array_equal(inv, want_inv.reshape(-1))
+        assert np.array_equal(rows[inv], a)
