@@ -415,6 +415,7 @@ class _Columns:
     args: Callable[[np.ndarray], tuple[np.ndarray, list[dict], np.ndarray, np.ndarray]]
     nbytes: int  # uncompressed input size
     corr: Callable[[np.ndarray], np.ndarray]  # only the correlation ids of those events (kernel launches)
+    kinds: np.ndarray | None = None  # int8 per name: _args_kind, where the reader already knows it
 
 
 def _columns_native(path: Path) -> _Columns | None:
@@ -479,8 +480,14 @@ def _columns_native(path: Path) -> _Columns | None:
     def corr(idx: np.ndarray) -> np.ndarray:  # correlation ids: read by the scanner
         return fix_corr(*kept(idx))
 
+    # The scanner matched the hints on each raw name (name_flags): that is _args_kind for a name
+    # written without escapes; only escaped spellings are decided again on the decoded name.
+    kinds = np.zeros(len(names), np.int8)
+    kinds[name_map] = s.name_flags
+    for i in (i for i, r in enumerate(s.name_raw) if b"\\" in r):
+        kinds[name_map[i]] = _args_kind(names[name_map[i]])
     return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args,
-                    s.nbytes, corr)
+                    s.nbytes, corr, kinds)
 
 
 def _columns_msgspec(path: Path, data: bytes) -> _Columns:
@@ -551,7 +558,7 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     # Only communication candidates' args are ever read (ARG_KEYS of them); the input goes after this.
     # Decided on the decoded names, by both readers alike (the scanner kept the args of every name a
     # hint may match, escaped ones included, so what is asked for here was kept).
-    kinds = np.fromiter(map(_args_kind, cols.names), np.int8, len(cols.names))
+    kinds = cols.kinds if cols.kinds is not None else np.fromiter(map(_args_kind, cols.names), np.int8, len(cols.names))
     cand = kinds == 1
     sorted_idx = np.flatnonzero(cand[name_id]) if len(cols.names) else np.zeros(0, np.int64)
     arg_row = np.full(len(ts), -1, np.int32)

@@ -5,7 +5,8 @@
 For each input, A and B alternate (A B A B ..., `--rounds` each), every run in a fresh
 process that imports only the analyzers (no editable-install hooks: `python -S` with the tree's
 folders mapped to `commprobe.*` and site-packages on the path), timing `analyze()` (imports
-excluded) and reading the process's peak RSS (VmHWM). Reports medians and B/A. The generated
+excluded) and reading the process's peak RSS (VmHWM). Reports medians and B/A (of the medians,
+the median of each round's ratio, the best runs' ratio, and CPU time's). The generated
 input is bench/analyzer_vs_hta.py's 8-rank set. Used to hold a change to "within 10 % of
 before" on speed and memory.
 """
@@ -29,12 +30,12 @@ PACKAGES = ("analyzers", "common")
 CHILD = """
 import json, sys, time
 from commprobe.analyzers.analysis import analyze
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 r = analyze(sys.argv[1])
-dt = time.perf_counter() - t
+dt, dc = time.perf_counter() - t, time.process_time() - c
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 import commprobe.analyzers as a
-print(json.dumps({"s": dt, "rss": hwm, "bytes": r["source"]["uncompressed_bytes"], "from": a.__path__[0]}))
+print(json.dumps({"s": dt, "cpu": dc, "rss": hwm, "bytes": r["source"]["uncompressed_bytes"], "from": a.__path__[0]}))
 """
 
 
@@ -77,7 +78,8 @@ def main() -> None:
             gen = tmp / "generated"
             generate(gen, 8, args.generate_mb / 8)
             paths.append(gen)
-        print("| input | MB | A s | B s | B/A time | A peak MB | B peak MB | B/A memory |\n|---|---|---|---|---|---|---|---|")
+        print("| input | MB | A s | B s | B/A time | paired | best | B/A CPU | A peak MB | B peak MB | B/A memory |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|")
         for p in paths:
             runs = {"A": [], "B": []}
             for _ in range(args.rounds):
@@ -87,8 +89,13 @@ def main() -> None:
             med = {k: (statistics.median(x["s"] for x in v), statistics.median(x["rss"] for x in v) / 1e6)
                    for k, v in runs.items()}
             mb = runs["B"][0]["bytes"] / 1e6
+            # the machine's speed drifts: each round's B/A (runs side by side) and the best runs' ratio too
+            paired = statistics.median(b["s"] / a["s"] for a, b in zip(runs["A"], runs["B"]))
+            best = min(x["s"] for x in runs["B"]) / min(x["s"] for x in runs["A"])
+            cpu = statistics.median(x["cpu"] for x in runs["B"]) / statistics.median(x["cpu"] for x in runs["A"])
             print(f"| {p.name} | {mb:.1f} | {med['A'][0]:.3f} | {med['B'][0]:.3f} | {med['B'][0] / med['A'][0]:.2f} | "
-                  f"{med['A'][1]:.0f} | {med['B'][1]:.0f} | {med['B'][1] / med['A'][1]:.2f} |", flush=True)
+                  f"{paired:.2f} | {best:.2f} | {cpu:.2f} | {med['A'][1]:.0f} | {med['B'][1]:.0f} | "
+                  f"{med['B'][1] / med['A'][1]:.2f} |", flush=True)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "a")], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -197,3 +197,26 @@ def test_unique_rows_is_numpys_unique_by_rows():
         want_rows, want_inv = np.unique(a, axis=0, return_inverse=True)
         assert np.array_equal(rows, want_rows) and np.array_equal(inv, want_inv.reshape(-1))
         assert np.array_equal(rows[inv], a)
+
+
+def test_the_scanners_name_flags_are_the_args_rule(tmp_path):
+    """Which names keep args (candidates) or a correlation (launches) is read off the scanner's
+    hint flags; escaped spellings are decided on the decoded name. Both must be _args_kind's."""
+    from commprobe.analyzers import trace
+
+    events, _ = _awkward_doc()
+    events = events + [
+        {"ph": "X", "name": "\\u006eccl:all_reduce", "cat": "cpu_op", "ts": 9, "dur": 1, "tid": 1, "args": {"Seq": 3}},
+        {"ph": "X", "name": "nccl:all_reduce", "cat": "cpu_op", "ts": 10, "dur": 1, "tid": 1, "args": {"Seq": 4}},
+        {"ph": "X", "name": "cuda\\u004caunchKernel", "cat": "cuda_runtime", "ts": 11, "dur": 1, "tid": 1,
+         "args": {"correlation": 5}},
+        {"ph": "X", "name": "cudaGraphLaunch", "cat": "cuda_runtime", "ts": 12, "dur": 1, "tid": 1, "args": {"correlation": 6}},
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 13, "dur": 1, "tid": 1},
+    ]
+    p = tmp_path / "flags.json"
+    p.write_text(json.dumps(events).replace("\\\\u", "\\u"))  # the escapes written as escapes
+    paths = [p, *(sorted(SHARED.glob("*.json.gz")) if SHARED.is_dir() else [])]
+    for path in paths:
+        cols = trace._columns_native(path)
+        assert cols.kinds.tolist() == [trace._args_kind(n) for n in cols.names], path
+    assert {"nccl:all_reduce", "cudaLaunchKernel"} <= set(trace._columns_native(p).names)  # the escapes were decoded
