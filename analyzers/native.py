@@ -206,10 +206,10 @@ def scan(source, hints: tuple[str, ...], max_token: int = MAX_TOKEN, max_rows: i
          chunk: int = 8 << 20) -> Scanned | Refused | None:
     """Columns of the complete events in the JSON read from `source` (a binary file, read with
     readinto, or an iterable of byte pieces, best small: they are copied in until a chunk is
-    there), one chunk of about `chunk` bytes in memory at a time,
-    with the raw args of events whose name contains one of `hints` (a hint written '#x': only the
-    args' "correlation" number); Refused (why, where) when the scanner does not accept the input;
-    None when there is no scanner here.
+    there), one chunk of about `chunk` bytes in memory at a time, with the raw args of events
+    whose name contains one of `hints` (a hint written '#x': only the args' "correlation"
+    number); Refused (why, where) when the scanner does not accept the input; None when there is
+    no scanner here.
 
     An event cut by a chunk's end is scanned again from its start with what follows; so that a huge
     event costs linear, not quadratic, time, the next attempt waits until the cut part has doubled."""
