@@ -4,7 +4,7 @@ compares them with a baseline and decides pass (0), regression (1) or unusable i
 `metrics` says what is measured, `stats` how a shift is judged, `decide` the verdicts."""
 
 from .decide import PASS, REGRESSION, UNUSABLE, GateResult, Thresholds, Verdict, gate, judge
-from .metrics import SCHEMA, GateInputError, Metric, baseline_doc, load_metrics
+from .metrics import SCHEMA, GateInputError, Metric, baseline_doc, load_metrics, pooled_metrics
 
 __all__ = ["PASS", "REGRESSION", "SCHEMA", "UNUSABLE", "GateInputError", "GateResult", "Metric", "Thresholds",
-           "Verdict", "baseline_doc", "gate", "judge", "load_metrics"]
+           "Verdict", "baseline_doc", "gate", "judge", "load_metrics", "pooled_metrics"]

@@ -111,6 +111,30 @@ def load_metrics(path: str | Path, analyze_traces: bool = True) -> tuple[dict[st
     raise GateInputError(f"{p}: not a commprobe bundle, analysis or baseline (schema {schema or 'missing'})")
 
 
+def pooled_metrics(paths: list[str]) -> tuple[dict[str, Metric], dict, dict, list[str]]:
+    """Several runs of one workload on one machine as one sample set per metric, for a baseline:
+    on a shared machine whole runs land in a fast or a slow mode (separate runs of unchanged code
+    differ by up to ~2x here), and a baseline pooled over several sits between the modes instead
+    of in one. (metrics, context, machine, names left out because a run lacks them.)"""
+    runs = [(p, *load_metrics(p)) for p in paths]
+    first, _, context, machine = runs[0]
+    for p, metrics, ctx, mach in runs[1:]:
+        if ctx != context:
+            raise GateInputError(f"{p}: another workload than {first} ({ctx} vs {context}); a baseline pools runs of one")
+        if mach != machine:
+            raise GateInputError(f"{p}: another machine than {first} ({mach} vs {machine}); a baseline pools runs of one")
+    names = set.intersection(*(set(m) for _, m, _, _ in runs))
+    left_out = sorted(set.union(*(set(m) for _, m, _, _ in runs)) - names)
+    pooled = {}
+    for n in sorted(names):
+        kinds = {(m[n].kind, m[n].unit) for _, m, _, _ in runs}
+        if len(kinds) > 1:
+            raise GateInputError(f"metric {n!r} is measured differently across the runs: {sorted(kinds)}")
+        first_metric = runs[0][1][n]
+        pooled[n] = Metric(n, first_metric.kind, first_metric.unit, [x for _, m, _, _ in runs for x in m[n].samples])
+    return pooled, context, machine, left_out
+
+
 def baseline_doc(metrics: dict[str, Metric], context: dict, machine: dict, source: str) -> dict:
     return {"schema": SCHEMA, "source": source, "context": context, "machine": machine,
             "metrics": {n: {"kind": m.kind, "unit": m.unit, "samples": m.samples} for n, m in sorted(metrics.items())}}

@@ -199,14 +199,15 @@ def report(
 
 @app.command()
 def gate(
-    current: str = typer.Option(..., help="The run to judge: a bundle, an analysis JSON, or a baseline file."),
+    current: list[str] = typer.Option(..., help="The run to judge: a bundle, an analysis JSON, or a baseline file. "
+                                      "With --update-baseline, repeat it to pool several runs into the baseline."),
     baseline: str = typer.Option(..., help="Baseline file (commprobe.baseline/1); written with --update-baseline."),
     metric: list[str] = typer.Option([], help="Metric name or glob (repeatable), e.g. 'ttit_ms' or 'dda/*'. Default: all in the baseline."),
     max_regression: str = typer.Option("10%", help="Time metrics: largest tolerated slowdown of the median."),
     max_share_increase: str = typer.Option("5pp", help="Share metrics: largest tolerated rise, in percentage points."),
     alpha: float = typer.Option(0.01, help="Significance level of the one-sided Mann-Whitney U test."),
     min_samples: int = typer.Option(5, help="Fewer samples than this on either side is unusable input (exit 2)."),
-    update_baseline: bool = typer.Option(False, help="Write --current's metrics and machine facts to --baseline and exit."),
+    update_baseline: bool = typer.Option(False, help="Write --current's metrics (all runs' samples pooled) and machine facts to --baseline and exit."),
     markdown: str | None = typer.Option(None, help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
     junit: str | None = typer.Option(None, help="Write JUnit XML here."),
     json_file: str | None = typer.Option(None, "--json", help="Write the JSON result here ('-' for stdout)."),
@@ -216,7 +217,7 @@ def gate(
     from pathlib import Path
 
     from commprobe.common.units import parse_fraction
-    from commprobe.gate import Thresholds, baseline_doc, load_metrics
+    from commprobe.gate import Thresholds, baseline_doc, pooled_metrics
     from commprobe.gate import gate as run_gate
     from commprobe.reports.gate import render_gate, to_junit, to_markdown
 
@@ -226,17 +227,22 @@ def gate(
         fail("--alpha must be in (0, 1), --min-samples >= 2, thresholds >= 0")
     try:
         if update_baseline:
-            metrics, context, machine = load_metrics(current)
+            metrics, context, machine, missing = pooled_metrics(current)
+            if missing:  # gated later, such a metric would rest on some runs only
+                say(f"left out (not in every run): {', '.join(missing)}")
             few = sorted(n for n, m in metrics.items() if len(m.samples) < th.min_samples)
             metrics = {n: m for n, m in metrics.items() if n not in few}
             if few:  # a baseline metric with too few samples would make every later gate unusable
                 say(f"left out (fewer than {th.min_samples} samples): {', '.join(few)}")
+            source = " + ".join(current)
             if not metrics:
-                fail(f"{current}: no metrics with at least {th.min_samples} samples to store")
-            Path(baseline).write_text(json.dumps(baseline_doc(metrics, context, machine, current), indent=1) + "\n")
-            say(f"baseline: {len(metrics)} metrics from {current} written to {baseline}")
+                fail(f"{source}: no metrics with at least {th.min_samples} samples to store")
+            Path(baseline).write_text(json.dumps(baseline_doc(metrics, context, machine, source), indent=1) + "\n")
+            say(f"baseline: {len(metrics)} metrics from {source} written to {baseline}")
             return
-        res = run_gate(baseline, current, metric, th).to_dict()
+        if len(current) != 1:
+            fail("the gate judges one --current run (several are pooled only with --update-baseline)")
+        res = run_gate(baseline, current[0], metric, th).to_dict()
     except OSError as e:
         fail(f"cannot write {baseline}: {e.strerror or e}")
     try:

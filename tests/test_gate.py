@@ -128,6 +128,32 @@ def test_same_code_passes_and_baseline_records_the_machine(runs):
     assert len(base["metrics"]["ttit_ms"]["samples"]) == 6 * 8
 
 
+def test_a_baseline_pools_several_runs(runs, tmp_path):
+    """--update-baseline with several --current runs keeps every run's samples (a baseline between
+    this machine's fast and slow modes); it still catches the injected slowdown. Runs of another
+    workload are refused (exit 2, one line), and the gate itself judges one run."""
+    pooled = tmp_path / "pooled.json"
+    r = run_cli("gate", "--update-baseline", "--current", str(runs["base"]), "--current", str(runs["same"]),
+                "--baseline", str(pooled))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(pooled.read_text())
+    one = json.loads(runs["baseline"].read_text())
+    assert len(doc["metrics"]["ttit_ms"]["samples"]) == 2 * 6 * 8
+    assert doc["metrics"]["ttit_ms"]["samples"][:6 * 8] == one["metrics"]["ttit_ms"]["samples"]
+    assert doc["context"] == one["context"] and doc["machine"] == one["machine"]
+    slow = run_cli("gate", "--baseline", str(pooled), "--current", str(runs["slow"]), *CI_FLAGS)
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    other = json.loads(runs["baseline"].read_text())
+    other["context"]["prompt_len"] = 999
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    bad = run_cli("gate", "--update-baseline", "--current", str(runs["base"]), "--current", str(tmp_path / "other.json"),
+                  "--baseline", str(tmp_path / "x.json"))
+    assert bad.returncode == 2 and "another workload" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "x.json").exists()
+    two = run_cli("gate", "--baseline", str(pooled), "--current", str(runs["same"]), "--current", str(runs["slow"]))
+    assert two.returncode == 2 and "one --current" in two.stderr
+
+
 def test_baseline_from_another_machine_is_flagged(runs, tmp_path):
     base = json.loads(runs["baseline"].read_text())
     base["machine"]["processor"] = "Some Other CPU @ 9.9GHz"
