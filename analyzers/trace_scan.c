@@ -270,7 +270,21 @@ static int token_len(cur_t *c, const unsigned char *v, int32_t *n) {
     return 0;
 }
 
-static int skip_container(cur_t *c, int depth) {
+static inline int key_is(const unsigned char *k, int32_t n, const char *lit) {
+    return (size_t)n == strlen(lit) && !memcmp(k, lit, (size_t)n);
+}
+
+/* A "correlation" member's value: a non-negative integer of at most 18 digits, else -1. */
+static int64_t correlation_value(const unsigned char *v, int64_t len) {
+    int64_t x = 0, i = 0;
+    if (len < 1 || len > 18) return -1;
+    while (i < len && v[i] >= '0' && v[i] <= '9') x = x * 10 + (v[i++] - '0');
+    return i == len ? x : -1;
+}
+
+/* Skips the object or array at the cursor. `corr`: where an object's own "correlation" member
+ * is read on the way (the last one where a key repeats, as JSON decoders keep), NULL to skip only. */
+static int skip_container(cur_t *c, int depth, int64_t *corr) {
     unsigned char close = *c->p == '{' ? '}' : ']';
     int obj = close == '}';
     if (depth > 512) FAIL(c, 1);
@@ -282,7 +296,9 @@ static int skip_container(cur_t *c, int depth) {
         const unsigned char *k;
         int32_t kn;
         if (obj && member_key(c, &k, &kn)) return -1;
+        const unsigned char *v = c->p;
         if (skip_value(c, depth + 1)) return -1;
+        if (corr && obj && key_is(k, kn, "correlation")) *corr = correlation_value(v, c->p - v);
         ws(c);
         if (c->p >= c->e) FAIL(c, 1);
         if (*c->p == ',') { c->p++; continue; }
@@ -303,7 +319,7 @@ static int skip_value(cur_t *c, int depth) {
     if (c->p >= c->e) FAIL(c, 1);
     switch (*c->p) {
     case '"': return skip_string(c);
-    case '{': case '[': return skip_container(c, depth);
+    case '{': case '[': return skip_container(c, depth, NULL);
     case 't': return literal(c, "true");
     case 'f': return literal(c, "false");
     case 'n': return literal(c, "null");
@@ -426,41 +442,13 @@ static int reserve_kept(scan_t *s) {
     return 0;
 }
 
-static inline int key_is(const unsigned char *k, int32_t n, const char *lit) {
-    return (size_t)n == strlen(lit) && !memcmp(k, lit, (size_t)n);
-}
-
-/* A "correlation" member's value: a non-negative integer of at most 18 digits, else -1. */
-static int64_t correlation_value(const unsigned char *v, int64_t len) {
-    int64_t x = 0, i = 0;
-    if (len < 1 || len > 18) return -1;
-    while (i < len && v[i] >= '0' && v[i] <= '9') x = x * 10 + (v[i++] - '0');
-    return i == len ? x : -1;
-}
-
 /* The args value at the cursor, skipped and checked like skip_value, reading its top-level
- * "correlation" member on the way (the last one where a key repeats, as JSON decoders keep): one
- * pass over a launch's args. A value that is not an object has no correlation (-1). */
+ * "correlation" member on the way: one pass over a launch's args. A value that is not an
+ * object has no correlation (-1). */
 static int skip_args_correlation(cur_t *c, int64_t *found) {
     *found = -1;
     if (c->p >= c->e || *c->p != '{') return skip_value(c, 1);
-    c->p++;
-    ws(c);
-    if (c->p < c->e && *c->p == '}') { c->p++; return 0; }
-    for (;;) {
-        ws(c);
-        const unsigned char *k;
-        int32_t kn;
-        if (member_key(c, &k, &kn)) return -1;
-        const unsigned char *v = c->p;
-        if (skip_value(c, 2)) return -1;
-        if (key_is(k, kn, "correlation")) *found = correlation_value(v, c->p - v);
-        ws(c);
-        if (c->p >= c->e) FAIL(c, 1);
-        if (*c->p == ',') { c->p++; continue; }
-        if (*c->p == '}') { c->p++; return 0; }
-        FAIL(c, 1);
-    }
+    return skip_container(c, 1, found);
 }
 
 /* The same for args already skipped and kept as bytes (an event whose name came after its
