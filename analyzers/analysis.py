@@ -17,14 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from commprobe.common.bundle import read_manifest, single_manifest, sub_bundles, telemetry_path
+from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
-from . import collectives as coll
-from . import remote
-from .classify import CATEGORIES, load_rules
-from .links import link_kernels_to_host_ops  # noqa: F401  (imported with the analysis, not inside the first classify)
-from .ranks import map_ranks
-from .trace import RankSet, TraceError, trace_files
-from .verdict import COMM_CATS, phase_summary
+from .cross_rank import matching
+from .cross_rank.rank_map import map_ranks
+from .cross_rank.verdict import phase_summary
+from .per_rank.classify import load_rules
+from .readers import remote
+from .readers.files import RankSet, trace_files
+from .readers.model import TraceError
 
 SCHEMA = "commprobe.analysis/1"
 
@@ -34,9 +35,12 @@ def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None
     f = telemetry_path(path, manifest)
     if f is None:
         return None
-    from .telemetry import read_series
+    from .readers.telemetry import read_series
 
     return read_series(f, origin_ns)
+
+
+ALIGNMENTS = ("base", "collective-end")  # clocks: baseTimeNanoseconds, or the ends of matched collectives
 
 
 def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
@@ -49,6 +53,10 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     path = path if url else Path(path)
     if not 0 < threshold < 1:
         raise TraceError(f"threshold must be between 0 and 1, got {threshold}")
+    if align not in ALIGNMENTS:
+        raise TraceError(f"unknown --align {align!r} ({', '.join(ALIGNMENTS)})")
+    if jobs < 1:
+        raise TraceError(f"jobs must be >= 1, got {jobs}")
     manifest = None if url else single_manifest(path)
     rules = load_rules(rules_file) if rules_file else []
     ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
@@ -78,11 +86,11 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         rk["windows"] = {ph: [[a + shift, b + shift] for a, b in sp] for ph, sp in rk["windows"].items()}
         for seg in rk["segments"].values():
             seg["start_us"] += shift
-    offsets = coll.align_offsets(calls) if align == "collective-end" else None
-    matched = coll.match(calls, offsets)
+    offsets = matching.align_offsets(calls) if align == "collective-end" else None
+    matched = matching.match(calls, offsets)
     waits = matched.pop("_waits")
     _phase_waits(ranks, calls, waits)
-    buckets = coll.size_buckets(calls, waits)
+    buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
     phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs)
     return {
@@ -187,7 +195,7 @@ def compare(a: dict, b: dict) -> dict:
     for ph in sorted(set(a["phases"]) & set(b["phases"])):
         pa, pb = a["phases"][ph], b["phases"][ph]
         cats = {}
-        for c in CATEGORIES[:7]:
+        for c in WORK_CATEGORIES:
             ea = pa["exposed_share"][c] * pa["e2e_us_per_window"]
             eb = pb["exposed_share"][c] * pb["e2e_us_per_window"]
             cats[c] = {"a_us": ea, "b_us": eb, "ratio": ratio(ea, eb)}

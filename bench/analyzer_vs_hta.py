@@ -37,9 +37,10 @@ import sys, time, json
 sys.path.insert(0, {root!r})  # a checkout; commprobe.* must be installed (pip install --no-deps -e .)
 t = time.perf_counter()
 from commprobe.analyzers.analysis import analyze
-from commprobe.analyzers.attribution import comm_comp_overlap, step_windows
-from commprobe.analyzers.classify import classify
-from commprobe.analyzers.trace import load_traces
+from commprobe.analyzers.per_rank.attribution import comm_comp_overlap, step_windows
+from commprobe.analyzers.per_rank.classify import classify
+from commprobe.analyzers.per_rank.links import link_kernels_to_host_ops
+from commprobe.analyzers.readers.files import load_traces
 times = []
 for _ in range(int(sys.argv[2])):  # median of repeats: single small runs are noise on this machine
     t = time.perf_counter()
@@ -50,6 +51,7 @@ peak = hwm()  # analyze alone; the cross-check below loads every rank at once
 ov, steps = {{}}, {{}}
 for tr in load_traces(sys.argv[1]):
     cls = classify(tr)
+    link_kernels_to_host_ops(tr, cls)
     ov[tr.rank] = comm_comp_overlap(tr, cls)["overlap_pct"]
     steps[tr.rank] = {{k: round(comm_comp_overlap(tr, cls, w)["overlap_pct"], 2) for k, w in step_windows(tr).items()}}
 print(json.dumps({{"s": dt, "rss": peak, "bytes": r["source"]["uncompressed_bytes"], "overlap": ov, "steps": steps}}))

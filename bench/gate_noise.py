@@ -48,7 +48,7 @@ def main() -> None:
         for a, b in zip(runs, runs[1:]):
             res = gate(a, b, th=th)
             fails += res.exit_code != 0
-            for v in res.verdicts:
+            for v in res.metrics:
                 if th is sets[0]:
                     changes.setdefault(v.name, []).append(v.change if v.change is not None else float("nan"))
         print(f"{len(runs) - 1} consecutive pairs, thresholds times +{th.max_regression:.0%}, shares "

@@ -21,10 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from commprobe.common.vocab import LAUNCH_HINT, NAME_HINTS
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from commprobe.analyzers import native, trace
+from commprobe.analyzers.readers import limits, native
 
 SHARED = ROOT.parent / "shared" / "traces"
 
@@ -63,9 +65,9 @@ def lib_of(src: Path):
 
 def once(lib, data: bytes) -> float:
     native._LIB, native._WHY = lib, ""
-    chunks = [data[i:i + trace.CHUNK] for i in range(0, len(data), trace.CHUNK)]
+    chunks = [data[i:i + limits.CHUNK] for i in range(0, len(data), limits.CHUNK)]
     t0 = time.process_time()  # CPU time of this (one-threaded) work: less moved by other processes than wall time
-    s = native.scan(chunks, (*trace._HINTS, "#" + trace._LAUNCH))
+    s = native.scan(chunks, (*NAME_HINTS, "#" + LAUNCH_HINT))
     dt = time.process_time() - t0
     assert isinstance(s, native.Scanned), s
     return dt
@@ -81,8 +83,14 @@ def main() -> None:
     if a.ref and Path(a.ref).is_file():  # a scanner source file (a variant being tried)
         libs = {Path(a.ref).name: lib_of(Path(a.ref).resolve()), **libs}
     elif a.ref:
-        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{a.ref}:analyzers/trace_scan.c"], capture_output=True,
-                             check=True).stdout
+        src = b""
+        for where in ("analyzers/readers/trace_scan.c", "analyzers/trace_scan.c"):  # moved by the layers refactor
+            r = subprocess.run(["git", "-C", str(ROOT), "show", f"{a.ref}:{where}"], capture_output=True)
+            if r.returncode == 0:
+                src = r.stdout
+                break
+        if not src:
+            raise SystemExit(f"{a.ref}: no trace_scan.c")
         tmp = Path(tempfile.mkdtemp()) / "trace_scan.c"
         tmp.write_bytes(src)
         libs = {a.ref: lib_of(tmp), **libs}

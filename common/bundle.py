@@ -5,6 +5,7 @@ leaves on disk. Torch-free, so the analyzers, the gate and the planner read bund
     OUT/rank{r}.trace.json.gz    one Kineto trace per rank (phase and collective spans)
     OUT/timings.json             un-profiled TTFT/TTIT samples (and profiled, for the overhead ratio)
     OUT/telemetry.jsonl          host (and GPU) samples on the traces' clock
+                                 (under torchrun: OUT/telemetry-HOST.jsonl, one per host)
 
 With several backends, OUT holds one sub-bundle per backend (OUT/gloo/, OUT/dda/), each a
 complete bundle, plus the shared telemetry and a top manifest listing them (`sub_bundles`).
@@ -35,6 +36,11 @@ class BundleError(InputError):
 
 def trace_name(rank: int) -> str:
     return f"rank{rank}.trace.json.gz"
+
+
+def host_telemetry_name(host: str) -> str:
+    """Under torchrun each host samples itself into its own file beside the manifest."""
+    return f"telemetry-{host}.jsonl"
 
 
 def now_iso() -> str:

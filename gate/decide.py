@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import Metric, load_metrics
+from .metrics import GateInputError, Metric, baseline_doc, load_metrics, pooled_metrics
 from .stats import bootstrap_ci, mann_whitney_greater
 
 RESULT_SCHEMA = "commprobe.gate/1"
@@ -46,9 +46,13 @@ class Thresholds:
     alpha: float = 0.01
     min_samples: int = 5
 
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1 or self.min_samples < 2 or self.max_regression < 0 or self.max_share_increase < 0:
+            raise GateInputError("--alpha must be in (0, 1), --min-samples >= 2, thresholds >= 0")
+
 
 @dataclass
-class Verdict:
+class MetricStatus:
     name: str
     kind: str
     unit: str
@@ -66,7 +70,7 @@ class Verdict:
 @dataclass
 class GateResult:
     exit_code: int
-    verdicts: list[Verdict]
+    metrics: list[MetricStatus]
     problems: list[str] = field(default_factory=list)  # reasons for exit 2
     warnings: list[str] = field(default_factory=list)
     thresholds: Thresholds = field(default_factory=Thresholds)
@@ -78,11 +82,11 @@ class GateResult:
                 "status": {PASS: "pass", REGRESSION: "regression", UNUSABLE: "unusable"}[self.exit_code],
                 "problems": self.problems, "warnings": self.warnings, "thresholds": asdict(self.thresholds),
                 "baseline_machine": self.baseline_machine, "current_machine": self.current_machine,
-                "metrics": [asdict(v) for v in self.verdicts]}
+                "metrics": [asdict(v) for v in self.metrics]}
 
 
-def judge(name: str, base: Metric, cur: Metric, th: Thresholds) -> Verdict:
-    v = Verdict(name, base.kind, base.unit, "pass", n_baseline=len(base.samples), n_current=len(cur.samples))
+def judge(name: str, base: Metric, cur: Metric, th: Thresholds) -> MetricStatus:
+    v = MetricStatus(name, base.kind, base.unit, "pass", n_baseline=len(base.samples), n_current=len(cur.samples))
     if min(len(base.samples), len(cur.samples)) < th.min_samples:
         v.status = "unusable"
         v.why = (f"too few samples ({len(base.samples)} baseline, {len(cur.samples)} current; need {th.min_samples}): "
@@ -118,7 +122,7 @@ def _fmt(kind: str, x: float) -> str:
     return f"{x:+.1%}" if kind == "time" else f"{100 * x:+.1f} pp"
 
 
-def _fmt_change(v: Verdict) -> str:
+def _fmt_change(v: MetricStatus) -> str:
     return _fmt(v.kind, v.change)
 
 
@@ -154,14 +158,53 @@ def gate(baseline: str | Path, current: str | Path, metrics: list[str] = (), th:
         res.problems.append("no metrics to compare")
     for n in names:
         if n not in cur:
-            res.verdicts.append(Verdict(n, base[n].kind, base[n].unit, "unusable", n_baseline=len(base[n].samples),
+            res.metrics.append(MetricStatus(n, base[n].kind, base[n].unit, "unusable", n_baseline=len(base[n].samples),
                                         why="missing from the current run"))
             continue
-        res.verdicts.append(judge(n, base[n], cur[n], th))
-    bad = [v for v in res.verdicts if v.status == "unusable"]
+        res.metrics.append(judge(n, base[n], cur[n], th))
+    bad = [v for v in res.metrics if v.status == "unusable"]
     res.problems += [f"{v.name}: {v.why}" for v in bad]
     if res.problems:
         res.exit_code = UNUSABLE
-    elif any(v.status == "regression" for v in res.verdicts):
+    elif any(v.status == "regression" for v in res.metrics):
         res.exit_code = REGRESSION
     return res
+
+
+@dataclass
+class BaselineUpdate:
+    """What `update_baseline` stored and what it left out, and why (for the user to read)."""
+    path: str
+    stored: int
+    source: str
+    left_out: list[str] = field(default_factory=list)  # one line per reason
+
+
+def update_baseline(currents: list[str], baseline: str | Path, th: Thresholds | None = None) -> BaselineUpdate:
+    """Pool several runs of one workload on one machine into a baseline file. A metric missing
+    from some run, or with fewer than `min_samples` samples, is left out and named: gated later,
+    it would rest on some runs only, or make every later gate unusable."""
+    import json
+
+    th = th or Thresholds()
+    metrics, context, machine, missing = pooled_metrics(currents)
+    notes = [f"left out (not in every run): {', '.join(missing)}"] if missing else []
+    few = sorted(n for n, m in metrics.items() if len(m.samples) < th.min_samples)
+    metrics = {n: m for n, m in metrics.items() if n not in few}
+    if few:
+        notes.append(f"left out (fewer than {th.min_samples} samples): {', '.join(few)}")
+    source = " + ".join(currents)
+    if not metrics:
+        raise GateInputError(f"{source}: no metrics with at least {th.min_samples} samples to store")
+    try:
+        Path(baseline).write_text(json.dumps(baseline_doc(metrics, context, machine, source), indent=1) + "\n")
+    except OSError as e:
+        raise GateInputError(f"cannot write {baseline}: {e.strerror or e}") from None
+    return BaselineUpdate(str(baseline), len(metrics), source, notes)
+
+
+def gate_one(baseline: str | Path, currents: list[str], metrics: list[str] = (), th: Thresholds | None = None) -> GateResult:
+    """The gate judges one run; several are pooled only into a baseline."""
+    if len(currents) != 1:
+        raise GateInputError("the gate judges one --current run (several are pooled only with --update-baseline)")
+    return gate(baseline, currents[0], metrics, th)

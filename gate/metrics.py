@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from commprobe.analyzers.verdict import AXIS_OF
 from commprobe.common.bundle import (
     machine_facts,
     per_sample,
@@ -22,6 +21,7 @@ from commprobe.common.bundle import (
     timing_samples,
 )
 from commprobe.common.errors import InputError
+from commprobe.common.vocab import AXIS_OF
 
 SCHEMA = "commprobe.baseline/1"
 

@@ -97,7 +97,7 @@ class PhaseCost:
     def exposed_share(self) -> dict[str, float]:
         return {a: v / self.total_us if self.total_us else 0.0 for a, v in self.exposed_us.items()}
 
-    def verdict(self, threshold: float = 0.2) -> str:
+    def summary(self, threshold: float = 0.2) -> str:
         share = sum(self.exposed_share.values())
         if share > threshold:
             axis = max(self.exposed_us, key=self.exposed_us.get)
@@ -129,7 +129,7 @@ class Prediction:
     def to_dict(self) -> dict:
         def phase(p: PhaseCost) -> dict:
             d = {k: v for k, v in asdict(p).items() if k != "work"}
-            return {**d, "exposed_share": p.exposed_share, "verdict": p.verdict()}
+            return {**d, "exposed_share": p.exposed_share, "summary": p.summary()}
 
         return {"layout": asdict(self.layout), "options": asdict(self.options), "hosts": self.hosts,
                 "ttft_ms": self.ttft_ms, "ttit_ms": self.ttit_ms, "tokens_per_s": self.tokens_per_s,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .costmodel import ALLREDUCE_ALGORITHMS, Layout, Options, Prediction, Workload, predict
-from .hardware import Hardware, load_hardware
+from .hardware import Hardware, PlanError, load_hardware
 from .whatif import alternatives
 
 
@@ -85,3 +85,25 @@ class PlanRequest:
         base = predict(w, lay, hw, opt)
         rows, skipped = alternatives(w, lay, hw, opt, self.what_if) if self.what_if else ([], [])
         return hw, base, rows, skipped
+
+
+PLAN_SCHEMA = "commprobe.plan/1"
+
+
+def plan_doc(hw: Hardware, model: str, base: Prediction, rows: list[tuple[str, Prediction]], skipped: list[str]) -> dict:
+    """`commprobe plan --json`'s result, which `commprobe report --plan` reads back."""
+    return {"schema": PLAN_SCHEMA, "hardware": hw.name, "model": model, "base": base.to_dict(),
+            "what_if": [{"alternative": n, **p.to_dict()} for n, p in rows], "skipped": skipped}
+
+
+def load_plan_doc(path: str | Path) -> dict:
+    """A plan result written by `commprobe plan --json`; PlanError naming the file otherwise."""
+    import json
+
+    try:
+        doc = json.loads(Path(path).read_text())
+        if not isinstance(doc, dict) or doc.get("schema") != PLAN_SCHEMA:
+            raise ValueError(f"not a {PLAN_SCHEMA} result")
+    except (OSError, ValueError) as e:
+        raise PlanError(f"{path}: not a plan result from `commprobe plan --json` ({e})") from None
+    return doc

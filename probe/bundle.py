@@ -1,19 +1,33 @@
-"""Writing the run bundle: the facts of this run (torch, device, layout) in a manifest.
+"""The one writer of the run bundle: manifests (started "running", finished with the status),
+timings, and the names of the trace and telemetry files they list.
 
 The layout, the atomic writer and every reader live in common/bundle.py; this module adds
-what only a process with torch can know.
+what only a process with torch can know (torch, device, layout) and writes it there.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 import sys
+from pathlib import Path
 
-from commprobe.common.bundle import CLOCK, MANIFEST, SCHEMA, TELEMETRY, TIMINGS, now_iso, trace_name, write_json
+from commprobe.common.bundle import (
+    CLOCK,
+    MANIFEST,
+    SCHEMA,
+    TELEMETRY,
+    TIMINGS,
+    host_telemetry_name,
+    now_iso,
+    trace_name,
+    write_json,
+)
 from commprobe.common.host import cpu_model, host_name, usable_cores
 
-__all__ = ["MANIFEST", "SCHEMA", "TIMINGS", "device_facts", "manifest", "now_iso", "write_json"]
+__all__ = ["MANIFEST", "SCHEMA", "TELEMETRY", "TIMINGS", "device_facts", "finish_manifests", "host_telemetry_name",
+           "manifest", "now_iso", "start_manifests", "write_json", "write_timings"]
 
 
 def device_facts() -> dict:
@@ -76,3 +90,72 @@ def manifest(cfg, model_cfg: dict, backend: str | list[str], world: int) -> dict
         "timings": TIMINGS,
         "telemetry": TELEMETRY,
     }
+
+
+def timings_doc(results: list, backend: str) -> dict:
+    """timings.json of one backend: each rank's un-profiled (and profiled) TTFT/TTIT samples,
+    which the gate reads as metrics and `profile` prints; the profiled/un-profiled TTIT ratio is
+    the profiler's overhead."""
+    ranks = []
+    for r in results:
+        t, p = r.timings[backend], r.profiled.get(backend)
+        row = {**t.summary(), "samples": {"ttft_s": t.ttft_s, "ttit_s": t.ttit_s,
+                                          "decode_allreduce_s": t.decode_allreduce_s,
+                                          "prefill_comm_s": t.prefill_comm_s, "decode_comm_s": t.decode_comm_s}}
+        if t.routed_tokens:
+            row["routed_tokens"] = t.routed_tokens
+        if p is not None and p.ttit_s:
+            row["profiled"] = {**p.summary(), "samples": {"ttft_s": p.ttft_s, "ttit_s": p.ttit_s}}
+        ranks.append(row)
+    doc = {"schema": SCHEMA, "backend": backend, "ranks": ranks}
+    prof = [row["profiled"]["ttit_median_ms"] for row in ranks if "profiled" in row]
+    if prof:
+        doc["profiler_overhead_ttit"] = statistics.median(prof) / statistics.median(row["ttit_median_ms"] for row in ranks)
+    return doc
+
+
+def start_manifests(cfg, model_cfg: dict, telemetry: str = TELEMETRY) -> dict[Path, dict]:
+    """Write every manifest (one per backend's sub-bundle, and a top one listing them) with
+    status "running" before any rank starts: a run that dies still leaves a readable bundle."""
+    root = Path(cfg.out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    manifests = {}
+    for b in cfg.backends:
+        d = cfg.bundle_dir(b)
+        d.mkdir(parents=True, exist_ok=True)
+        manifests[d] = manifest(cfg, model_cfg, b, cfg.world_size)
+    if len(cfg.backends) > 1:
+        top = manifest(cfg, model_cfg, cfg.backends, cfg.world_size)
+        top.update(traces=[], timings=None, sub_bundles={b: b for b in cfg.backends})
+        manifests[root] = top
+    for d, m in manifests.items():
+        m["telemetry"] = telemetry if d == root else f"../{telemetry}"
+        write_json(d / MANIFEST, m)
+    return manifests
+
+
+def record_hosts(manifests: dict[Path, dict], hosts: dict[int, str]) -> None:
+    """Under torchrun: which host ran each rank, and every host's telemetry file."""
+    files = sorted({host_telemetry_name(h) for h in hosts.values()})
+    root = min(manifests, key=lambda d: len(d.parts))
+    for d, m in manifests.items():
+        m["world"]["hosts"] = {str(r): h for r, h in hosts.items()}
+        m["telemetry_files"] = files if d == root else [f"../{f}" for f in files]
+
+
+def finish_manifests(manifests: dict[Path, dict], status: str, error: str | None, sampler=None) -> None:
+    """Rewrite the manifests with how the run ended ("ok", "failed" with its one-line cause,
+    "interrupted"), the traces that exist, and the telemetry sampler's counts."""
+    for d, m in manifests.items():
+        m.update(status=status, error=error, finished_at=now_iso(),
+                 traces=[t for t in m["traces"] if (d / t).exists()])
+        if sampler is not None:
+            m.update(telemetry_samples=sampler.samples, telemetry_errors=sampler.errors,
+                     telemetry_sources=[s.name for s in sampler.sources])
+        write_json(d / MANIFEST, m)
+
+
+def write_timings(cfg, results: list) -> None:
+    """timings.json in each backend's sub-bundle."""
+    for b in cfg.backends:
+        write_json(cfg.bundle_dir(b) / TIMINGS, timings_doc(results, b))

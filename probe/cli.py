@@ -18,6 +18,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import typer
 
+from commprobe.common.bundle import MANIFEST
 from commprobe.common.errors import InputError
 
 from .cli_bench import bench_app
@@ -83,7 +84,7 @@ def profile(
     if out.exists() and not out.is_dir():
         fail(f"--out {out} exists and is not a directory")
     first = not under_torchrun() or int(os.environ.get("RANK", 0)) == 0  # other ranks would see rank 0's
-    if first and out.is_dir() and (out / "manifest.json").exists():
+    if first and out.is_dir() and (out / MANIFEST).exists():
         fail(f"--out {out} already holds a bundle; choose another directory")
     pg_backend = process_group_backend(cfg.backends)
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep Kineto's start/stop chatter off the terminal
@@ -141,13 +142,9 @@ def analyze(
     import json
 
     from commprobe.analyzers.analysis import analyze as run_analysis
-    from commprobe.analyzers.ranks import default_jobs
+    from commprobe.analyzers.cross_rank.rank_map import default_jobs
 
-    if align not in ("base", "collective-end"):
-        fail(f"unknown --align {align!r} (base, collective-end)")
-    if jobs < 0:
-        fail("--jobs must be >= 0")
-    result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=jobs or default_jobs(),
+    result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=default_jobs() if jobs == 0 else jobs,
                           scheduler=scheduler, rank_from=rank_from)
     if out_file:
         from pathlib import Path
@@ -178,12 +175,9 @@ def report(
 
     plan = None
     if plan_file:
-        try:
-            plan = json.loads(Path(plan_file).read_text())
-            if plan.get("schema") != "commprobe.plan/1":
-                raise ValueError("not a commprobe.plan/1 result")
-        except (OSError, ValueError, AttributeError) as e:
-            fail(f"{plan_file}: not a plan result from `commprobe plan --json` ({e})")
+        from commprobe.plan.request import load_plan_doc
+
+        plan = load_plan_doc(plan_file)
     by_backend = analyze_backends(path)  # a bundle with several backends: report the first, chart all
     result = next(iter(by_backend.values())) if by_backend else load_result(path)
     try:
@@ -207,7 +201,7 @@ def gate(
     max_share_increase: str = typer.Option("5pp", help="Share metrics: largest tolerated rise, in percentage points."),
     alpha: float = typer.Option(0.01, help="Significance level of the one-sided Mann-Whitney U test."),
     min_samples: int = typer.Option(5, help="Fewer samples than this on either side is unusable input (exit 2)."),
-    update_baseline: bool = typer.Option(False, help="Write --current's metrics (all runs' samples pooled) and machine facts to --baseline and exit."),
+    update_baseline_: bool = typer.Option(False, "--update-baseline", help="Write --current's metrics (all runs' samples pooled) and machine facts to --baseline and exit."),
     markdown: str | None = typer.Option(None, help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
     junit: str | None = typer.Option(None, help="Write JUnit XML here."),
     json_file: str | None = typer.Option(None, "--json", help="Write the JSON result here ('-' for stdout)."),
@@ -217,34 +211,18 @@ def gate(
     from pathlib import Path
 
     from commprobe.common.units import parse_fraction
-    from commprobe.gate import Thresholds, baseline_doc, pooled_metrics
-    from commprobe.gate import gate as run_gate
+    from commprobe.gate import Thresholds, gate_one, update_baseline
     from commprobe.reports.gate import render_gate, to_junit, to_markdown
 
     th = Thresholds(parse_fraction(max_regression, "--max-regression"),
                     parse_fraction(max_share_increase, "--max-share-increase", points=True), alpha, min_samples)
-    if not 0 < th.alpha < 1 or th.min_samples < 2 or th.max_regression < 0 or th.max_share_increase < 0:
-        fail("--alpha must be in (0, 1), --min-samples >= 2, thresholds >= 0")
-    try:
-        if update_baseline:
-            metrics, context, machine, missing = pooled_metrics(current)
-            if missing:  # gated later, such a metric would rest on some runs only
-                say(f"left out (not in every run): {', '.join(missing)}")
-            few = sorted(n for n, m in metrics.items() if len(m.samples) < th.min_samples)
-            metrics = {n: m for n, m in metrics.items() if n not in few}
-            if few:  # a baseline metric with too few samples would make every later gate unusable
-                say(f"left out (fewer than {th.min_samples} samples): {', '.join(few)}")
-            source = " + ".join(current)
-            if not metrics:
-                fail(f"{source}: no metrics with at least {th.min_samples} samples to store")
-            Path(baseline).write_text(json.dumps(baseline_doc(metrics, context, machine, source), indent=1) + "\n")
-            say(f"baseline: {len(metrics)} metrics from {source} written to {baseline}")
-            return
-        if len(current) != 1:
-            fail("the gate judges one --current run (several are pooled only with --update-baseline)")
-        res = run_gate(baseline, current[0], metric, th).to_dict()
-    except OSError as e:
-        fail(f"cannot write {baseline}: {e.strerror or e}")
+    if update_baseline_:
+        done = update_baseline(current, baseline, th)
+        for line in done.left_out:
+            say(line)
+        say(f"baseline: {done.stored} metrics from {done.source} written to {done.path}")
+        return
+    res = gate_one(baseline, current, metric, th).to_dict()
     try:
         if markdown:
             with open(markdown, "a", encoding="utf-8") as f:  # append: CI step summaries accumulate

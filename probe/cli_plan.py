@@ -34,7 +34,7 @@ def plan(
         return
     import json
 
-    from commprobe.plan.request import PlanRequest
+    from commprobe.plan.request import PlanRequest, plan_doc
     from commprobe.reports.plan import render_prediction, render_whatif
 
     try:
@@ -46,8 +46,7 @@ def plan(
     except ValueError as e:
         fail(str(e))
     if json_out:
-        print(json.dumps({"schema": "commprobe.plan/1", "hardware": hw.name, "model": model, "base": base.to_dict(),
-                          "what_if": [{"alternative": n, **p.to_dict()} for n, p in rows], "skipped": skipped}, indent=1))
+        print(json.dumps(plan_doc(hw, model, base, rows, skipped), indent=1))
         return
     render_prediction(base, f"{model} on {hw.name}: TP{tp} CP{cp} EP{ep}, batch {batch}, prompt {prompt_len}", console)
     if what_if:

@@ -13,7 +13,14 @@ import json
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-CATS = ("compute", "tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm", "memcpy", "other")
+from commprobe.common.vocab import WORK_CATEGORIES, Verdict
+
+CATS = WORK_CATEGORIES
+
+
+def _verdict_class(label: str) -> str:
+    """The CSS class of a verdict label (one the analyzer wrote; anything else gets none)."""
+    return Verdict(label).css if label in set(Verdict) else ""
 COLORS = {"compute": "#4c78a8", "tp_allreduce": "#e45756", "cp_ring": "#f58518", "ep_all_to_all": "#b279a2",
           "other_comm": "#ff9da6", "memcpy": "#9d755d", "other": "#bab0ac", "straggler wait": "#eeca3b",
           "idle": "#d9d9d9"}
@@ -136,11 +143,11 @@ def plan_panel(plan: dict | None) -> str:
     body = "".join(
         f"<tr><td>{_esc(name)}</td><td>TP{p['layout']['tp']} CP{p['layout']['cp']} EP{p['layout']['ep']}</td>"
         f"<td>{p['ttft_ms']:.3g}</td><td>{p['ttit_ms']:.3g}</td><td>{p['tokens_per_s']:.1f}</td>"
-        f"<td>{_esc(p['decode']['verdict'])}</td></tr>" for name, p in rows)
+        f"<td>{_esc(p['decode']['summary'])}</td></tr>" for name, p in rows)
     skipped = "".join(f"<li>{_esc(x)}</li>" for x in plan.get("skipped", []))
     return (f'<h2>What-if: {_esc(plan.get("model"))} on {_esc(plan.get("hardware"))} (predicted)</h2>'
             f'<table id="whatif"><tr><th>alternative</th><th>layout</th><th>TTFT ms</th><th>TTIT ms</th>'
-            f'<th>tokens/s</th><th>decode verdict</th></tr>{body}</table>'
+            f'<th>tokens/s</th><th>decode summary</th></tr>{body}</table>'
             + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
 
 
@@ -161,7 +168,7 @@ def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: d
     if f is not None:
         figs.append(("telemetry", f))
     verdicts = "".join(
-        f'<li class="{_esc(p["verdict"].split("/")[0].split("-")[0])}"><b>{_esc(ph)}</b>: {_esc(p["summary"])}'
+        f'<li class="{_verdict_class(p["verdict"])}"><b>{_esc(ph)}</b>: {_esc(p["summary"])}'
         + ("<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in p["recommendations"]) + "</ul>" if p["recommendations"] else "")
         + "</li>" for ph, p in result["phases"].items())
     unknown = "".join(f"<tr><td>{_esc(u['name'])}</td><td>{u['count']}</td></tr>" for u in result["unclassified"]["names"][:20])

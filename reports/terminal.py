@@ -6,7 +6,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-CATS = ("compute", "tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm", "memcpy", "other")
+from commprobe.common.vocab import WORK_CATEGORIES, Verdict
+
+CATS = WORK_CATEGORIES
 
 
 def render_analysis(result: dict, console: Console) -> None:
@@ -14,7 +16,7 @@ def render_analysis(result: dict, console: Console) -> None:
     console.print(f"[bold]commprobe analyze[/]: {escape(src['path'])} ({len(src['files'])} rank trace(s), "
                   f"{src['uncompressed_bytes'] / 1e6:.1f} MB, {result['elapsed_s']:.2f} s)", highlight=False)
     for phase, p in result["phases"].items():
-        style = {"communication-bound": "bold red", "host/launch-bound": "bold yellow"}.get(p["verdict"], "bold green")
+        style = {Verdict.COMMUNICATION: "bold red", Verdict.HOST: "bold yellow"}.get(p["verdict"], "bold green")
         console.print(f"[{style}]{escape(p['summary'])}[/]", highlight=False)
         for rec in p["recommendations"]:
             console.print(f"  - {escape(rec)}", highlight=False)

@@ -9,13 +9,16 @@ import sys
 import pytest
 
 from commprobe.analyzers.analysis import SCHEMA, analyze, compare
-from commprobe.analyzers.classify import CATEGORIES, classify, classify_name
-from commprobe.analyzers.trace import TraceError, load_trace
+from commprobe.analyzers.per_rank.classify import CATEGORIES, classify, classify_name
+from commprobe.analyzers.per_rank.links import link_kernels_to_host_ops
+from commprobe.analyzers.readers.kineto import load_trace
+from commprobe.analyzers.readers.model import TraceError
 from tests.conftest import ROOT, run_cli
+from tests.kineto_events import BASE_NS, ev, write
 
 
 def _k(name, ts, dur, stream, device=0, cat="kernel", **args):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": device, "tid": stream, "args": args}
+    return ev(name, ts, dur, stream, cat, pid=device, **args)
 
 
 def _nccl(ts, dur, nelems=1024):
@@ -24,12 +27,8 @@ def _nccl(ts, dur, nelems=1024):
                  "Group size": 2, "Process Group Name": "0", "Process Group Description": "default_pg"})
 
 
-def _write(path, rank, events, base=1_700_000_000_000_000_000):
-    doc = {"schemaVersion": 1, "baseTimeNanoseconds": base,
-           "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2}, "traceEvents": events}
-    with gzip.open(path, "wt") as f:
-        json.dump(doc, f)
-    return path
+def _write(path, rank, events, base=BASE_NS):
+    return write(path, events, rank, world=2, base=base)
 
 
 def _gpu_rank(rank, comm_start):
@@ -183,6 +182,7 @@ def test_shared_real_traces_load_classify_and_analyze(shared_traces, name):
     path = shared_traces / "hta" / name
     t = load_trace(path)
     cls = classify(t)
+    link_kernels_to_host_ops(t, cls)
     dev = t.is_device()
     kernels = {}
     for i, op in enumerate(cls.comm_op):
@@ -302,7 +302,7 @@ def test_timeline_segments_cover_the_window_when_coarsened():
     """More intervals than a drawing keeps: the smallest gaps close, the window's ends stay."""
     import numpy as np
 
-    from commprobe.analyzers.attribution import _coarsen
+    from commprobe.analyzers.per_rank.attribution import _coarsen
 
     s = np.arange(0, 10_000, 10.0)
     e = s + 3 + np.arange(1000) % 7  # gaps of 1..7 µs

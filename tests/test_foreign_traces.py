@@ -4,44 +4,15 @@ its raw JSON (kernel correlation -> cudaLaunchKernel -> enclosing nccl:* op)."""
 
 from __future__ import annotations
 
-import gzip
-import json
-
 import pytest
 
 from commprobe.analyzers.analysis import analyze
-from commprobe.analyzers.classify import AXIS_SOURCES, CATEGORIES, classify, comm_mask
-from commprobe.analyzers.trace import load_trace
+from commprobe.analyzers.per_rank.classify import AXIS_SOURCES, CATEGORIES, classify, comm_mask
+from commprobe.analyzers.per_rank.links import link_kernels_to_host_ops
+from commprobe.analyzers.readers.kineto import load_trace
+from tests.kineto_events import HOST, SIDE, STREAM, ev, launched, rpc, write
 
 SENDRECV = "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
-HOST, STREAM, SIDE = 1, 7, 20  # host thread, compute stream, communication stream
-
-
-def ev(name, ts, dur, tid, cat="cpu_op", **args):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid, "args": args}
-
-
-def launched(kernel, ts, dur, corr, launch_ts, stream=SIDE, api="cudaLaunchKernel", **kargs):
-    """A kernel and the runtime call that launched it, tied by their correlation id."""
-    return [ev(api, launch_ts, 5, HOST, "cuda_runtime", correlation=corr),
-            ev(kernel, ts, dur, stream, "kernel", correlation=corr, **kargs)]
-
-
-def write(path, events, rank=0, world=1):
-    doc = {"schemaVersion": 1, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
-           "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world}, "traceEvents": events}
-    with gzip.open(path, "wt") as f:
-        json.dump(doc, f)
-    return path
-
-
-def rpc(ts, dur, op, nelems, pg_desc="undefined", group="3", seq=None):
-    """record_param_comms as recent PyTorch writes it: the collective, its size and its group."""
-    args = {"Collective name": op, "In msg nelems": nelems, "Out msg nelems": nelems, "dtype": "Float",
-            "Group size": 4, "Process Group Name": group, "Process Group Description": pg_desc}
-    if seq is not None:
-        args["Seq"] = seq
-    return ev("record_param_comms", ts, dur, HOST, **args)
 
 
 @pytest.fixture(params=["scanner", "msgspec"])
@@ -55,6 +26,7 @@ def reader(request, monkeypatch):
 def kernel_classes(path):
     t = load_trace(path)
     c = classify(t)
+    link_kernels_to_host_ops(t, c)
     dev = t.is_device()
     out = [(t.names[t.name_id[i]], CATEGORIES[c.category[i]], c.comm_op[i], c.comm_axis[i],
             AXIS_SOURCES[c.axis_source[i]], float(c.comm_bytes[i]), c.comm_group[i], int(c.seq[i]))

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from commprobe.analyzers.analysis import analyze
+from commprobe.common.vocab import NAME_HINTS
 from tests.conftest import run_cli
 
 EVENT = {"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 5, "pid": 0, "tid": 1}
@@ -143,7 +144,7 @@ def test_a_second_trace_events_key_is_refused_by_both_readers(tmp_path):
 def test_a_token_over_the_limit_is_refused_not_cast(tmp_path):
     """Lengths stay int64 until checked: a string (or args object) over the limit is refused with
     its position, never wrapped into a negative int32 (the limit is 1 GiB; 64 bytes here)."""
-    from commprobe.analyzers import native
+    from commprobe.analyzers.readers import native
 
     if native.load_scanner()[0] is None:
         pytest.skip(f"no trace scanner: {native.load_scanner()[1]}")
@@ -160,18 +161,18 @@ def test_a_huge_event_cut_by_every_chunk_is_scanned_in_linear_work(tmp_path, mon
     """An event longer than a chunk is scanned again from its start with what follows; waiting until
     the cut part has doubled bounds the bytes handed to the scanner by a small multiple of the
     input (re-scanning on every chunk handed over ~n²/2chunk: 128x the input here)."""
-    from commprobe.analyzers import native, trace
+    from commprobe.analyzers.readers import limits, native
 
     if native.load_scanner()[0] is None:
         pytest.skip(f"no trace scanner: {native.load_scanner()[1]}")
     data = doc(rpc(blob="x" * (4 << 20)))
     chunks = [data[i:i + (16 << 10)] for i in range(0, len(data), 16 << 10)]
-    s = native.scan(chunks, trace._HINTS)
+    s = native.scan(chunks, NAME_HINTS)
     assert isinstance(s, native.Scanned) and s.nbytes == len(data) and len(s.kept_row) == 1
     assert s.fed < 4 * len(data), s.fed / len(data)
     p = tmp_path / "huge.json"
     p.write_bytes(data)
-    monkeypatch.setattr(trace, "CHUNK", 16 << 10)
+    monkeypatch.setattr(limits, "CHUNK", 16 << 10)
     assert analyze(p)["axis_provenance"] == {"tp_allreduce": {"inferred": 1}}
 
 
@@ -180,7 +181,9 @@ def test_an_unclosed_gzip_bomb_is_refused_while_streaming_not_inflated_whole(tmp
     chunk by chunk and refuses it at its end, and no whole-document decoder gets it after."""
     import zlib
 
-    from commprobe.analyzers import native, trace
+    from commprobe.analyzers.readers import kineto as trace
+    from commprobe.analyzers.readers import native
+    from commprobe.analyzers.readers.model import TraceError
 
     if native.load_scanner()[0] is None:
         pytest.skip(f"no trace scanner: {native.load_scanner()[1]}")
@@ -192,8 +195,8 @@ def test_an_unclosed_gzip_bomb_is_refused_while_streaming_not_inflated_whole(tmp
     def whole(path):
         raise AssertionError("handed to the whole-document decoder")
 
-    monkeypatch.setattr(trace, "_read_bytes", whole)
-    with pytest.raises(trace.TraceError, match="ends early"):
+    monkeypatch.setattr(trace, "read_bytes", whole)
+    with pytest.raises(TraceError, match="ends early"):
         trace.load_trace(p)
 
 
@@ -214,12 +217,12 @@ def _peak_rss(path) -> int:
 
 
 def test_memory_is_bound_by_the_events_kept_not_the_json(tmp_path):
-    """The README's bound: the interpreter plus trace.BYTES_PER_EVENT per complete event, for plain
+    """The README's bound: the interpreter plus limits.BYTES_PER_EVENT per complete event, for plain
     tiny events (the most events per JSON byte) and for events that are all communication kernels,
     their launches and host collective ops (the most memory per event: the links' arrays)."""
     import sys
 
-    from commprobe.analyzers import trace
+    from commprobe.analyzers.readers import limits
     from tests.conftest import ROOT
 
     sys.path.insert(0, str(ROOT))
@@ -234,11 +237,11 @@ def test_memory_is_bound_by_the_events_kept_not_the_json(tmp_path):
     n = 300_000
     tiny(tmp_path / "tiny.json", n)
     peak = _peak_rss(tmp_path / "tiny.json")
-    assert peak - base <= trace.BYTES_PER_EVENT * n, ("tiny", base, peak, (peak - base) / n)
+    assert peak - base <= limits.BYTES_PER_EVENT * n, ("tiny", base, peak, (peak - base) / n)
     write_json(tmp_path / "comm.json", 24)  # ~150 k events of 157 bytes
     n = len(json.loads((tmp_path / "comm.json").read_text())["traceEvents"])
     peak = _peak_rss(tmp_path / "comm.json")
-    assert peak - base <= trace.BYTES_PER_EVENT * n, ("comm", base, peak, (peak - base) / n)
+    assert peak - base <= limits.BYTES_PER_EVENT * n, ("comm", base, peak, (peak - base) / n)
 
 
 def test_more_events_than_memory_holds_is_refused_while_reading(tmp_path):
@@ -251,3 +254,31 @@ def test_more_events_than_memory_holds_is_refused_while_reading(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
     r = run_cli("analyze", str(p), env={**limit, "COMMPROBE_PURE_PYTHON": "1"})
     assert r.returncode == 2 and "more complete events than the memory here holds" in r.stderr, r.stderr
+
+
+def test_option_checks_live_in_the_library_and_are_one_line_at_the_cli(tmp_path):
+    """The CLI holds no policy: a bad --align, --jobs, --plan or gate threshold is refused by the
+    library with the one InputError, which the CLI prints as one line and exit 2."""
+    from commprobe.common.errors import InputError
+    from commprobe.gate import Thresholds
+    from commprobe.plan.request import load_plan_doc
+
+    p = tmp_path / "rank0.trace.json"
+    p.write_bytes(doc())
+    with pytest.raises(InputError, match="--align"):
+        analyze(p, align="wall")
+    with pytest.raises(InputError, match="jobs"):
+        analyze(p, jobs=-1)
+    with pytest.raises(InputError, match="alpha"):
+        Thresholds(alpha=2.0)
+    (tmp_path / "plan.json").write_text('{"schema": "other"}')
+    with pytest.raises(InputError, match="not a plan result"):
+        load_plan_doc(tmp_path / "plan.json")
+    for args, needle in ((["analyze", str(p), "--align", "wall"], "--align"),
+                         (["analyze", str(p), "--jobs", "-1"], "jobs"),
+                         (["report", str(p), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "r.html")],
+                          "not a plan result"),
+                         (["gate", "--baseline", str(p), "--current", str(p), "--alpha", "2"], "alpha")):
+        r = run_cli(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (args, r.stderr)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from commprobe.analyzers.analysis import analyze
-from commprobe.analyzers.sources import traces_in
+from commprobe.analyzers.readers.sources import traces_in
 from tests.conftest import ROOT, run_cli
 
 PIPIT = ROOT.parent / "shared" / "traces" / "hpcgroup-pipit"

@@ -37,7 +37,7 @@ def test_decode_of_llama3_70b_on_h100_is_weight_bound_and_dda_helps():
     floor_ms = weights / (3350e9 * 0.8) * 1e3
     assert floor_ms * 0.9 < dda.decode.compute_us / 1e3 < floor_ms * 1.1
     assert dda.ttit_ms < ring.ttit_ms  # 160 latency-bound allreduces: one step each instead of 14
-    assert ring.decode.exposed_share["tp"] > 0.2 and "communication-bound" in ring.decode.verdict()
+    assert ring.decode.exposed_share["tp"] > 0.2 and "communication-bound" in ring.decode.summary()
 
 
 def test_cp_variant_follows_the_rule_and_long_prefill_scales():

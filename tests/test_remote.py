@@ -99,7 +99,7 @@ def test_a_truncated_trace_by_url_is_named(shared_traces, tmp_path):
 
 
 def test_listed_names_become_urls_of_the_same_filesystem():
-    from commprobe.analyzers.remote import _child
+    from commprobe.analyzers.readers.remote import _child
 
     assert _child("zip://run::s3://b/set.zip", None, "run/rank0.json") == "zip://run/rank0.json::s3://b/set.zip"
     assert _child("s3://b/run/", None, "b/run/rank0.json") == "s3://b/run/rank0.json"

@@ -176,7 +176,7 @@ def test_without_dask_the_flag_says_so_in_one_line(tmp_path, monkeypatch):
     """No dask installed: --scheduler is one line naming the extra, exit 2 (simulated by hiding it)."""
     import sys
 
-    from commprobe.analyzers.trace import TraceError
+    from commprobe.analyzers.readers.model import TraceError
 
     monkeypatch.setitem(sys.modules, "dask.distributed", None)  # `from dask.distributed import` now fails
     with pytest.raises(TraceError, match=r"pip install 'commprobe\[cluster\]'"):
@@ -248,7 +248,7 @@ def test_a_worker_that_forbids_malloc_reuse_gets_the_same_summary(tmp_path, monk
     does not change."""
     import threading
 
-    from commprobe.analyzers import ranks
+    from commprobe.analyzers.cross_rank import rank_map as ranks
 
     d = _run(tmp_path)
     plain = [ranks.summarize(f)[0].breakdown for f in sorted(d.iterdir())]

@@ -73,7 +73,7 @@ def test_nvml_source_reads_what_the_driver_reports(monkeypatch):
 
 def test_link_counters_become_rates_on_the_trace_clock(tmp_path):
     """Cumulative NVLink (KiB) and XGMI (KB) counters turn into GB/s between samples."""
-    from commprobe.analyzers.telemetry import read_series
+    from commprobe.analyzers.readers.telemetry import read_series
 
     f = tmp_path / "t.jsonl"
     base = 1_700_000_000_000_000_000

@@ -7,8 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from commprobe.analyzers import native
-from commprobe.analyzers.trace import TraceError, load_trace
+from commprobe.analyzers.readers import native
+from commprobe.analyzers.readers.kineto import load_trace
+from commprobe.analyzers.readers.model import TraceError
 from tests.conftest import ROOT
 
 SHARED = ROOT.parent / "shared" / "traces" / "hta"
@@ -106,7 +107,7 @@ def test_every_cut_between_chunks_scans_the_same(tmp_path, monkeypatch, chunk):
     top-level value); the columns must not depend on where, plain or gzip."""
     import gzip
 
-    from commprobe.analyzers import trace
+    from commprobe.analyzers.readers import limits
 
     events, doc = _awkward_doc()
     text = json.dumps(doc, ensure_ascii=False, indent=1)
@@ -114,7 +115,7 @@ def test_every_cut_between_chunks_scans_the_same(tmp_path, monkeypatch, chunk):
     p.write_text(text)
     q.write_bytes(gzip.compress(text.encode()))
     whole = load_trace(p)
-    monkeypatch.setattr(trace, "CHUNK", chunk)
+    monkeypatch.setattr(limits, "CHUNK", chunk)
     for f in (p, q):
         a, b = _both(f)
         _same(a, b)
@@ -129,15 +130,15 @@ def test_every_cut_between_chunks_scans_the_same(tmp_path, monkeypatch, chunk):
 def test_a_trace_too_large_to_decode_whole_is_streamed(tmp_path, monkeypatch):
     """Whole-trace decoding needs several times the trace in memory, the scanner a chunk plus
     columns: a trace over the first limit and under the second is analyzed, not refused."""
-    from commprobe.analyzers import trace
+    from commprobe.analyzers.readers import limits
 
     events, doc = _awkward_doc()
     doc["traceEvents"] = events * 200
     p = tmp_path / "big.json"
     p.write_text(json.dumps(doc))
     size = p.stat().st_size
-    monkeypatch.setattr(trace, "max_trace_bytes", lambda streamed=False: size * 4 if streamed else size // 2)
-    monkeypatch.setattr(trace, "CHUNK", 4096)
+    monkeypatch.setattr(limits, "max_trace_bytes", lambda streamed=False: size * 4 if streamed else size // 2)
+    monkeypatch.setattr(limits, "CHUNK", 4096)
     assert len(load_trace(p).ts) == 5 * 200
     monkeypatch.setenv("COMMPROBE_PURE_PYTHON", "1")
     with pytest.raises(TraceError, match="too large for memory"):
@@ -169,13 +170,13 @@ def _fast_path_doc() -> str:
 
 @pytest.mark.parametrize("chunk", [None, 7, 16, 17])
 def test_the_scanners_fast_paths_read_like_msgspec(tmp_path, monkeypatch, chunk):
-    from commprobe.analyzers import trace
+    from commprobe.analyzers.readers import limits
 
     text = _fast_path_doc()
     p = tmp_path / "fast.json"
     p.write_text(text)
     if chunk:
-        monkeypatch.setattr(trace, "CHUNK", chunk)
+        monkeypatch.setattr(limits, "CHUNK", chunk)
     a, b = _both(p)
     _same(a, b)
     expected = sorted(float(e["ts"]) for e in json.loads(text)["traceEvents"])
@@ -188,7 +189,7 @@ def test_the_scanners_fast_paths_read_like_msgspec(tmp_path, monkeypatch, chunk)
 
 def test_unique_rows_is_numpys_unique_by_rows():
     """The args' distinct rows come from one lexsort; they must be np.unique(axis=0)'s, in its order."""
-    from commprobe.analyzers.trace import unique_rows
+    from commprobe.analyzers.readers.model import unique_rows
 
     rng = np.random.default_rng(7)
     for n, k, hi in [(0, 3, 2), (1, 1, 1), (50, 1, 3), (3700, 9, 4), (500, 12, 40)]:
@@ -202,7 +203,8 @@ def test_unique_rows_is_numpys_unique_by_rows():
 def test_the_scanners_name_flags_are_the_args_rule(tmp_path):
     """Which names keep args (candidates) or a correlation (launches) is read off the scanner's
     hint flags; escaped spellings are decided on the decoded name. Both must be _args_kind's."""
-    from commprobe.analyzers import trace
+    from commprobe.analyzers.readers import kineto as trace
+    from commprobe.analyzers.readers import kineto_args
 
     events, _ = _awkward_doc()
     events = events + [
@@ -218,5 +220,5 @@ def test_the_scanners_name_flags_are_the_args_rule(tmp_path):
     paths = [p, *(sorted(SHARED.glob("*.json.gz")) if SHARED.is_dir() else [])]
     for path in paths:
         cols = trace._columns_native(path)
-        assert cols.kinds.tolist() == [trace._args_kind(n) for n in cols.names], path
+        assert cols.kinds.tolist() == [kineto_args.args_kind(n) for n in cols.names], path
     assert {"nccl:all_reduce", "cudaLaunchKernel"} <= set(trace._columns_native(p).names)  # the escapes were decoded

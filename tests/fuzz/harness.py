@@ -27,9 +27,11 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from commprobe.analyzers import trace
 from commprobe.analyzers.analysis import analyze
+from commprobe.analyzers.readers import kineto as trace
+from commprobe.analyzers.readers import limits
 from commprobe.common.errors import InputError
+from commprobe.common.vocab import LAUNCH_HINT, NAME_HINTS
 
 HERE = Path(__file__).resolve().parent
 CORPUS = sorted((HERE / "corpus").glob("*.json"))
@@ -111,7 +113,7 @@ class Driver:
     def __init__(self, exe: Path):
         env = {**os.environ, "ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
         self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([str(exe), *[h.lower() for h in (*trace._HINTS, "#" + trace._LAUNCH)]],
+        self.proc = subprocess.Popen([str(exe), *[h.lower() for h in (*NAME_HINTS, "#" + LAUNCH_HINT)]],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, env=env)
 
     @classmethod
@@ -184,12 +186,12 @@ def check(data: bytes, chunk: int, gz: bool, work: Path, driver: Driver | None, 
         driver.scan(data, chunk)
     path = work / ("case.json.gz" if gz else "case.json")
     path.write_bytes(gzip.compress(data, 1) if gz else data)
-    old = trace.CHUNK
-    trace.CHUNK = chunk or old
+    old = limits.CHUNK
+    limits.CHUNK = chunk or old
     try:
         fast, slow = _load(path, False), _load(path, True)
     finally:
-        trace.CHUNK = old
+        limits.CHUNK = old
     assert fast[0] == slow[0], f"the readers disagree: scanner {fast[0]} ({fast[1] if fast[0] != 'ok' else ''}), " \
                                f"msgspec {slow[0]} ({slow[1] if slow[0] != 'ok' else ''})"
     if fast[0] == "ok":

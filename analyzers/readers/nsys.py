@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .model import TraceError, codes, factorize
 from .sqlite_export import Source, assemble, each_part, lookup, open_readonly, query, tables
-from .trace import TraceError, codes, factorize
 
 KNOWN_MAJORS = (2, 3)
 _PID = "((globalPid >> 24) & 16777215)"  # Serialized GlobalId: bits 24-39 are the process id

@@ -27,54 +27,42 @@ from pathlib import Path
 import numpy as np
 import numpy.ma  # noqa: F401  (np.unique/np.isin import it lazily: 50 ms inside the first analysis otherwise)
 
-from .trace import DEVICE_CATS, Trace, TraceError, codes
+from commprobe.common.vocab import (
+    AXIS_SOURCES,
+    CATEGORIES,
+    COMM_CODES,
+    KERNEL_HINTS,
+    OP_ALIASES,
+    WORK_CATEGORIES,
+    AxisSource,
+    Category,
+)
 
-_KERNELS_TOML = Path(__file__).with_name("comm_kernels.toml")
+from ..readers.model import DEVICE_CATS, Trace, TraceError, codes
 
-# Category codes (indexes into CATEGORIES).
-COMPUTE, TP_ALLREDUCE, CP_RING, EP_ALL_TO_ALL, OTHER_COMM, MEMCPY, OTHER, MARKER = range(8)
-CATEGORIES = ["compute", "tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm", "memcpy", "other", "marker"]
-COMM_CODES = (TP_ALLREDUCE, CP_RING, EP_ALL_TO_ALL, OTHER_COMM)
+_KERNELS_TOML = Path(__file__).parent.parent / "comm_kernels.toml"
+
+# Category and axis-source codes as plain ints (numpy arrays hold them; the enums name them).
+COMPUTE, TP_ALLREDUCE, CP_RING, EP_ALL_TO_ALL, OTHER_COMM, MEMCPY, OTHER, MARKER = map(int, Category)
+DECLARED, INFERRED, UNKNOWN = int(AxisSource.DECLARED), int(AxisSource.INFERRED), int(AxisSource.UNKNOWN)
 _IS_COMM = np.isin(np.arange(len(CATEGORIES)), COMM_CODES)
+__all__ = ["AXIS_SOURCES", "CATEGORIES", "Classified", "classify", "classify_name", "comm_mask", "load_rules"]
 
 
 def comm_mask(category: np.ndarray) -> np.ndarray:
     """Which events' category codes are communication (a table lookup per event)."""
     return _IS_COMM[category]
-AXES = ["tp", "cp", "ep", "dp", "other"]
-# How a collective's axis was decided (codes into AXIS_SOURCES; 0: not a collective).
-DECLARED, INFERRED, UNKNOWN = 1, 2, 3
-AXIS_SOURCES = ["", "declared", "inferred", "unknown"]
 
-_OP_ALIASES = {
-    "allreduce": "allreduce", "all_reduce": "allreduce", "allreduce_coalesced": "allreduce",
-    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
-    "allgather_into_tensor_coalesced": "all_gather", "all_gather_into_tensor": "all_gather",
-    "allgather_coalesced": "all_gather", "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all",
-    "alltoallv": "all_to_all", "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-    "send": "send_recv", "recv": "send_recv", "recv_": "send_recv", "sendrecv": "send_recv", "send_recv": "send_recv",
-    "recv_any_source": "send_recv", "batch_isend_irecv": "send_recv", "barrier": "barrier", "monitored_barrier": "barrier",
-    "bcast": "broadcast", "isend": "send_recv", "irecv": "send_recv",
-}
-_BUS_FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-                "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
+
 _DTYPE_BYTES = {"float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8,
                 "float64": 8, "int": 4, "int32": 4, "long": 8, "int64": 8, "int8": 1, "uint8": 1, "byte": 1,
                 "char": 1, "bool": 1, "short": 2, "int16": 2, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
-def bus_factor(op: str, n: int) -> float:
-    f = _BUS_FACTORS.get(op)
-    return f(n) if f and n > 1 else 1.0
-
-
 @lru_cache(maxsize=4096)
 def normalize_op(text: str) -> str | None:
     t = text.strip().lower().rstrip("_")
-    return _OP_ALIASES.get(t) or _OP_ALIASES.get(t + "_")
+    return OP_ALIASES.get(t) or OP_ALIASES.get(t + "_")
 
 
 @dataclass
@@ -87,9 +75,9 @@ class NameClass:
     axis_source: int = 0
 
 
-def _kernel_table() -> tuple[list[tuple[re.Pattern, str | None]], tuple[str, ...]]:
+def _kernel_table() -> list[tuple[re.Pattern, str | None]]:
     """comm_kernels.toml as (pattern, op) pairs (op None: the name's first group says; "args":
-    only the launching host op can say) and the prefilter's substrings."""
+    only the launching host op can say)."""
     import tomllib
 
     doc = tomllib.loads(_KERNELS_TOML.read_text())
@@ -97,10 +85,10 @@ def _kernel_table() -> tuple[list[tuple[re.Pattern, str | None]], tuple[str, ...
     for k in doc["kernel"]:
         op = {"name": None, "host": "args"}.get(k["op"], k["op"])
         rules.append((re.compile(k["pattern"], re.IGNORECASE if "i" in k.get("flags", "") else 0), op))
-    return rules, tuple(doc["hints"])
+    return rules
 
 
-_KERNEL_RULES, _COMM_HINTS = _kernel_table()
+_KERNEL_RULES = _kernel_table()
 # Host collective ops: torch's (c10d::*, nccl:*, ...), NCCL's own NVTX API ranges (named after the API
 # function by NVTX3_FUNC_WITH_PARAMS: NVIDIA/nccl src/collectives.cc; RCCL adds "_impl"), and the
 # MPI API ranges Nsight Systems records (`nsys profile --trace=mpi`, NVTX domain "MPI").
@@ -177,7 +165,7 @@ def load_rules(path: str | Path) -> list[Rule]:
     rules = []
     for i, r in enumerate(data if isinstance(data, list) else []):
         if not isinstance(r, dict) or "pattern" not in r or r.get("category") not in CATEGORIES:
-            raise TraceError(f"{p}: rule {i} needs 'pattern' and a 'category' among {', '.join(CATEGORIES[:7])}")
+            raise TraceError(f"{p}: rule {i} needs 'pattern' and a 'category' among {', '.join(WORK_CATEGORIES)}")
         try:
             pat = re.compile(r["pattern"])
         except re.error as e:
@@ -210,7 +198,7 @@ def _builtin_class(name: str, cat: str) -> NameClass:  # callers never mutate th
     if cat in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset"):
         return NameClass(MEMCPY)
     low = name.lower()
-    hinted = any(h in low for h in _COMM_HINTS)  # C substring searches: faster than one regex alternation
+    hinted = any(h in low for h in KERNEL_HINTS)  # C substring searches: faster than one regex alternation
     if is_device or cat in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", ""):
         for pat, op in (_KERNEL_RULES if hinted else ()):
             m = pat.search(name)
@@ -336,9 +324,6 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
             unknown[name] = unknown.get(name, 0) + int(counts[k])
     cls = Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown, axis_source,
                      trace.arg_seq.copy())
-    from .links import link_kernels_to_host_ops
-
-    link_kernels_to_host_ops(trace, cls)
     return cls
 
 

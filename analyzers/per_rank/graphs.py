@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .trace import DEVICE_CATS, Trace
+from ..readers.model import DEVICE_CATS, Trace
 
 DEVICE_WORK = DEVICE_CATS - {"gpu_user_annotation"}  # what runs on the device (annotations do not)
 

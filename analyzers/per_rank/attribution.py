@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..readers.model import Trace
 from . import intervals as iv
 from .classify import CATEGORIES, COMM_CODES, COMPUTE, MARKER, MEMCPY, OTHER, Classified, comm_mask
-from .collectives import thin
 from .phases import RULES
-from .trace import Trace
+from .sampling import thin
 
 _STEP = re.compile(r"^ProfilerStep#\d+$")
 

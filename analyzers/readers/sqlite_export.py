@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .limits import BYTES_PER_EVENT, max_events
+from .model import Trace, TraceError, codes, rank_in_name
 from .native import Refused
-from .trace import BYTES_PER_EVENT, Trace, TraceError, codes, max_events
 
 BATCH = 1 << 16
 
@@ -87,8 +88,8 @@ def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | 
         return int(m.group(1)) + index
     if from_process is not None:
         return from_process
-    m = re.search(r"rank[-_]?(\d+)", path.name, re.IGNORECASE)
-    return int(m.group(1)) + index if m else index
+    named = rank_in_name(path.name)
+    return named + index if named is not None else index
 
 
 def each_part(path: Path, parts: list[tuple[int, int]], unit: str, own_rank: Callable[[int], int | None],

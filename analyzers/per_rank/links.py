@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..readers.model import Trace, factorize
 from .classify import DECLARED, INFERRED, OTHER_COMM, Classified, category_for, comm_mask
-from .trace import Trace, factorize
 
 # Where gradient-ready hooks run (DDP's Reducer and FSDP fire their gradient collectives there);
 # a TP layer's backward allreduce or an embedding's backward all-to-all runs in its own node's

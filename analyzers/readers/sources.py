@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import remote
-from .trace import Trace, TraceError, load_trace
+from .kineto import load_trace
+from .model import Trace, TraceError
 
 SQLITE_SUFFIXES = (".sqlite", ".db")  # nsys export; rocprofv3's rocpd (%pid%_results.db)
 SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable
 
-from .trace import TraceError
+from .model import TraceError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 

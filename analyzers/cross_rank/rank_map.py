@@ -1,6 +1,5 @@
-"""The per-rank *map* of an analysis: one trace in, a compact summary out (its per-phase
-breakdown, its collective calls as arrays, its graph facts and kernel-link counts, its unknown
-names), so that the cross-rank *reduce* (analysis.py: clocks, matching, straggler wait,
+"""The per-rank *map* of an analysis: the per-rank pipeline (per_rank/pipeline.py: one trace in,
+a compact summary out) run over every file, so that the cross-rank *reduce* (analysis.py: clocks, matching, straggler wait,
 verdicts) never holds a rank's event columns. The map runs in this process, with
 `jobs > 1` in a local pool of processes, or on a Dask distributed cluster, one rank per task;
 results come back in file order, so the analysis is the same wherever the map ran. Dask
@@ -12,48 +11,24 @@ from __future__ import annotations
 import os
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from commprobe.common.host import usable_cores
 
-from . import collectives as coll
-from . import remote
-from .attribution import rank_breakdown
-from .classify import Rule, classify
-from .graphs import graph_facts
-from .sources import traces_in
-from .trace import TraceError
-
-
-@dataclass
-class RankSummary:
-    rank: int
-    path: str
-    distributed: dict | None
-    origin_ns: int
-    uncompressed_bytes: int
-    breakdown: dict  # attribution.rank_breakdown
-    calls: coll.Calls  # one row per collective call (numpy arrays)
-    graphs: dict
-    links: dict[str, int]
-    unknown_names: dict[str, int]
+from ..per_rank import pipeline
+from ..per_rank.classify import Rule
+from ..per_rank.pipeline import RankSummary
+from ..readers import remote
+from ..readers.model import TraceError
 
 
 def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None) -> list[RankSummary]:
-    """The map: everything the reduce needs from each rank a file holds (one for a Kineto trace;
-    one per process and device for an Nsight export), one rank in memory at a time."""
+    """The map's task: the per-rank pipeline over one file, with the map's own concerns around it
+    (injected faults for tests, glibc's thresholds under a Dask nanny)."""
     _fault(file)
-    out = []
     with _roomy_malloc():
-        for t in traces_in(file, rank_from):
-            cls = classify(t, list(rules))
-            out.append(RankSummary(t.rank, t.path, t.distributed, t.origin_ns, t.uncompressed_bytes,
-                                   rank_breakdown(t, cls), coll.primary_calls(t, cls), graph_facts(t), dict(cls.links),
-                                   dict(cls.unknown_names)))
-            del t, cls
-    return out
+        return pipeline.summarize(file, rules, rank_from)
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters

@@ -5,12 +5,9 @@ collectives the other analyzers computed; the words a user acts on live here and
 
 from __future__ import annotations
 
-from .classify import CATEGORIES
+from commprobe.common.vocab import AXIS_OF, COMM_CATS, WORK_CATEGORIES, Verdict
+from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 
-COMM_CATS = ("tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm")
-AXIS_OF = {"tp_allreduce": "tp", "cp_ring": "cp", "ep_all_to_all": "ep", "other_comm": "other"}
-LABEL = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention", "ep_all_to_all": "EP all-to-all",
-         "other_comm": "other communication", "compute": "compute", "memcpy": "memcpy", "other": "other"}
 IDLE_BOUND = 0.5  # a device idle more than this share of a phase is host/launch-bound
 PHASE_ORDER = ("prefill", "decode", "mixed", "cached", "idle-step", "step", "trace")
 
@@ -48,7 +45,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
                    key=lambda p: PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER))
     for phase in names:
         rows = [r for r in ranks if phase in r["phases"]]
-        shares = {c: 0.0 for c in CATEGORIES[:7]}
+        shares = {c: 0.0 for c in WORK_CATEGORIES}
         idle = 0.0
         for r in rows:
             p = r["phases"][phase]
@@ -68,20 +65,20 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             notes.append("the trace records graph replays but not the kernels they ran (most replays are followed by "
                          "no kernel): the device's time cannot be told from it; profile with the graph's kernels recorded")
         if notes:
-            verdict, dominant, share = "unknown", "unknown", 0.0
+            verdict, dominant, share = Verdict.UNKNOWN, "unknown", 0.0
             summary = f"{phase}: no verdict: {notes[0]}"
         elif device and idle > IDLE_BOUND:
-            verdict, dominant, share = "host/launch-bound", "idle", idle
+            verdict, dominant, share = Verdict.HOST, "idle", idle
             summary = (f"{phase} is host/launch-bound: the device is idle {idle:.0%} of the window "
                        f"(exposed communication {comm_share:.0%})")
         elif comm_share > threshold:
-            verdict, dominant, share = "communication-bound", top_comm, shares[top_comm]
+            verdict, dominant, share = Verdict.COMMUNICATION, top_comm, shares[top_comm]
             summary = (f"{phase} is communication-bound: exposed communication is {comm_share:.0%} of end-to-end "
                        f"latency (threshold {threshold:.0%}), {LABEL[top_comm]} {shares[top_comm]:.0%}"
                        f"{axis_note(top_comm, provenance)}")
         else:
             top = max(("compute", "memcpy", "other"), key=lambda c: shares[c])
-            verdict, dominant, share = "compute-bound", top, shares[top]
+            verdict, dominant, share = Verdict.COMPUTE, top, shares[top]
             summary = (f"{phase} is compute-bound: exposed communication is {comm_share:.0%} of end-to-end latency "
                        f"(threshold {threshold:.0%}); {LABEL[top]} {shares[top]:.0%}")
         out[phase] = {
@@ -92,7 +89,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             "exposed_share": shares,
             "exposed_comm_share": comm_share,
             "idle_share": idle,
-            "verdict": verdict,
+            "verdict": str(verdict),
             "dominant": dominant,
             "axis": AXIS_OF.get(dominant),
             "axis_source": _source(dominant, provenance),

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .model import TraceError, codes
 from .sqlite_export import Source, assemble, each_part, lookup, open_readonly, query, tables
-from .trace import TraceError, codes
 
 KNOWN_SCHEMAS = ("3",)
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")

@@ -1,0 +1,48 @@
+"""The per-rank pipeline: one file in, a compact summary per rank it holds out. Its body lists
+the steps in order, each a module of this package: read (readers/) -> classify -> link kernels to
+the host ops that launched them -> windows per phase and exposed time per category (attribution,
+with phases.py's rules) -> the rank's collective calls -> graph facts. The summary (per-phase
+breakdown, calls as arrays, counts) is all the cross-rank step ever sees of a rank, so a rank's
+event columns are never held beside another's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..readers.sources import traces_in
+from .attribution import rank_breakdown
+from .calls import Calls, primary_calls
+from .classify import Rule, classify
+from .graphs import graph_facts
+from .links import link_kernels_to_host_ops
+
+
+@dataclass
+class RankSummary:
+    rank: int
+    path: str
+    distributed: dict | None
+    origin_ns: int
+    uncompressed_bytes: int
+    breakdown: dict  # attribution.rank_breakdown
+    calls: Calls  # one row per collective call (numpy arrays)
+    graphs: dict
+    links: dict[str, int]
+    unknown_names: dict[str, int]
+
+
+def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None) -> list[RankSummary]:
+    """Everything the cross-rank step needs from each rank a file holds (one for a Kineto trace; one
+    per process and device for an Nsight export), one rank in memory at a time."""
+    out = []
+    for trace in traces_in(file, rank_from):
+        cls = classify(trace, list(rules))
+        link_kernels_to_host_ops(trace, cls)
+        breakdown = rank_breakdown(trace, cls)
+        calls = primary_calls(trace, cls)
+        out.append(RankSummary(trace.rank, trace.path, trace.distributed, trace.origin_ns, trace.uncompressed_bytes,
+                               breakdown, calls, graph_facts(trace), dict(cls.links), dict(cls.unknown_names)))
+        del trace, cls
+    return out

@@ -1,0 +1,101 @@
+"""Finding a run's trace files (a directory on disk or at a URL) and the checks one run's set
+must pass; loading a directory of Kineto traces onto one clock."""
+
+from __future__ import annotations
+
+import errno
+import stat
+from pathlib import Path
+
+from . import remote
+from .kineto import load_trace
+from .model import Trace, TraceError
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".db")  # Kineto JSON; Nsight, rocpd (sources.py)
+BUNDLE_FILES = ("manifest.json", "timings.json")  # a bundle's own files, not traces
+
+
+def is_trace_name(name: str) -> bool:
+    """Whether a file in a run's directory (on disk or at a URL) is one of its rank traces: not a
+    bundle's own file, not hidden."""
+    return name.endswith(TRACE_SUFFIXES) and name not in BUNDLE_FILES and not name.startswith(".")
+
+
+def _trace_files(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.is_file() and is_trace_name(p.name))
+
+
+def trace_files(path: str | Path) -> list[Path | str]:
+    """The trace files `path` names: itself, or the rank traces in a directory; an fsspec URL
+    (s3://bucket/run/) gives URLs."""
+    if remote.is_url(path):
+        files = remote.trace_files(path, is_trace_name)
+        if not files:
+            raise _no_traces(path)
+        return files
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise TraceError(f"{path}: a symbolic link loop") from None
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise TraceError(f"{path}: no such file or directory") from None
+        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+    if stat.S_ISREG(mode):
+        return [path]
+    if not stat.S_ISDIR(mode):
+        raise TraceError(f"{path}: not a regular file or a directory (a FIFO, device or socket)")
+    try:
+        files = _trace_files(path)
+    except OSError as e:
+        raise TraceError(f"{path}: cannot list ({e.strerror})") from None
+    if not files:
+        raise _no_traces(path)
+    return files
+
+
+def _no_traces(path) -> TraceError:
+    return TraceError(f"{path}: no traces (*.json, *.json.gz, Nsight *.sqlite or *.nsys-rep, rocpd *.db) "
+                      "in this directory")
+
+
+class RankSet:
+    """The checks a directory of one run's traces must pass, fed one rank at a time: no rank twice,
+    one world size."""
+
+    def __init__(self, path: Path):
+        self.path, self.seen, self.worlds = path, {}, set()
+
+    def add(self, rank: int, file: str, distributed) -> None:
+        if rank in self.seen:
+            raise TraceError(f"{self.path}: mixed traces: rank {rank} appears in more than one file")
+        self.seen[rank] = file
+        if isinstance(distributed, dict) and distributed.get("world_size") is not None:
+            if distributed["world_size"].__class__ is not int:
+                raise TraceError(f"{file}: distributedInfo.world_size is not an integer "
+                                 f"({str(distributed['world_size'])[:40]!r})")
+            self.worlds.add(distributed["world_size"])
+            if len(self.worlds) > 1:
+                raise TraceError(f"{self.path}: mixed traces: world sizes {sorted(self.worlds)} in one directory")
+
+
+def iter_traces(path: str | Path):
+    """Load one rank at a time (memory holds one trace, not the run), checking the set as it goes."""
+    path = path if remote.is_url(path) else Path(path)
+    ranks = RankSet(path)
+    for f in trace_files(path):
+        t = load_trace(f)
+        ranks.add(t.rank, t.path, t.distributed)
+        yield t
+        del t  # not held while the next rank loads
+
+
+def load_traces(path: str | Path) -> list[Trace]:
+    """One file, or a directory of one run's rank traces, on one clock (the earliest base)."""
+    traces = list(iter_traces(path))
+    origin = min(t.origin_ns for t in traces)
+    for t in traces:  # one clock for the run: shift each rank by its base's distance from the earliest
+        t.ts += (t.origin_ns - origin) / 1000.0
+        t.origin_ns = origin
+    return sorted(traces, key=lambda t: t.rank)

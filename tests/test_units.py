@@ -1,0 +1,112 @@
+"""Direct tests of the per-rank pipeline's pieces against brute-force versions: interval
+arithmetic, the linker's enclosing-op search, the engines' phase rules, and the verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commprobe.analyzers.cross_rank.verdict import phase_summary
+from commprobe.analyzers.per_rank import intervals as iv
+from commprobe.analyzers.per_rank.links import _enclosing
+from commprobe.analyzers.per_rank.phases import RULES
+from commprobe.common.vocab import WORK_CATEGORIES, Verdict
+
+GRID = 64  # integer times: brute force on a grid of unit cells is exact
+
+
+def _cells(pairs) -> set[int]:
+    return {c for s, e in pairs for c in range(s, e)}
+
+
+def _as_iv(pairs) -> iv.Intervals:
+    s = np.array([p[0] for p in pairs], float)
+    e = np.array([p[1] for p in pairs], float)
+    return iv.union(s, e)
+
+
+def _iv_cells(x: iv.Intervals) -> set[int]:
+    return _cells(zip(x[0].astype(int).tolist(), x[1].astype(int).tolist()))
+
+
+spans = st.lists(st.tuples(st.integers(0, GRID - 1), st.integers(1, 16)).map(lambda p: (p[0], min(GRID, p[0] + p[1]))),
+                 max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spans, spans, st.integers(0, GRID), st.integers(0, GRID))
+def test_interval_arithmetic_equals_brute_force(a, b, lo, hi):
+    ua, ub = _as_iv(a), _as_iv(b)
+    assert _iv_cells(ua) == _cells(a) and iv.length(ua) == len(_cells(a))
+    assert np.all(ua[0][1:] > ua[1][:-1])  # disjoint, sorted, touching blocks merged
+    assert _iv_cells(iv.intersect(ua, ub)) == _cells(a) & _cells(b)
+    assert _iv_cells(iv.subtract(ua, ub)) == _cells(a) - _cells(b)
+    lo, hi = min(lo, hi), max(lo, hi)
+    assert _iv_cells(iv.clip(ua, lo, hi)) == _cells(a) & set(range(lo, hi))
+    got = iv.covered(ua, np.array([lo], float), np.array([hi], float))
+    assert got[0] == len(_cells(a) & set(range(lo, hi)))
+
+
+ops = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 20)), max_size=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, st.lists(st.tuples(st.integers(0, 2), st.integers(0, 60)), min_size=1, max_size=10))
+def test_enclosing_op_is_the_innermost_holding_interval(host, queries):
+    """For each (thread, time): the innermost interval on that thread holding the time. Nested
+    intervals (a host op inside another) prefer the inner one; overlapping siblings any that holds."""
+    tid = np.array([h[0] for h in host], float)
+    start = np.array([h[1] for h in host], float)
+    end = start + np.array([h[2] for h in host], float)
+    q_tid = np.array([q[0] for q in queries], float)
+    q_t = np.array([q[1] for q in queries], float)
+    got = _enclosing(tid, start, end, q_tid, q_t)
+    for k, (qt, t) in enumerate(queries):
+        holders = [i for i in range(len(host)) if tid[i] == qt and start[i] <= t <= end[i]]
+        if not holders:
+            assert got[k] == -1
+            continue
+        assert got[k] in holders
+        # the latest-starting interval at or before t (the innermost of nested ones) wins when it holds t
+        started = [i for i in range(len(host)) if tid[i] == qt and start[i] <= t]
+        latest = max(started, key=lambda i: (start[i], i))
+        if end[latest] >= t:
+            assert got[k] == latest
+
+
+def _phase(name: str) -> tuple[str, str, dict] | None:
+    for r in RULES:
+        if name.startswith(r.prefix):
+            m = r.pattern.match(name)
+            return (r.name, r.phase_of(m), r.counts(m)) if m else (r.name, "malformed", {})
+    return None
+
+
+def test_phase_rules_name_each_engines_steps():
+    assert _phase("execute_context_2(40)_generation_0(0)") == (
+        "vllm-v1", "prefill", {"context_requests": 2, "context_tokens": 40, "generation_requests": 0,
+                               "generation_tokens": 0})
+    assert _phase("execute_context_1(3)_generation_5(5)")[1] == "mixed"
+    assert _phase("execute_context_0(0)_generation_5(5)")[1] == "decode"
+    assert _phase("execute_new_0_cached_4")[1] == "cached"
+    assert _phase("step[decode bs=8 dec=8]") == ("sglang", "decode", {"requests": 8, "decode_tokens": 8})
+    assert _phase("[Executor] _forward_step 3: 0 ctx reqs, 4 gen reqs")[:2] == ("trtllm", "decode")
+    assert _phase("ProfilerStep#12")[:2] == ("profiler-step", "step")
+    assert _phase("commprobe/decode")[:2] == ("commprobe", "decode")
+    assert _phase("gemm") is None
+
+
+def _rank(phase: str, e2e: float, exposed: dict[str, float], idle: float = 0.0, timeline: str = "device") -> dict:
+    cats = {c: {"exposed_us": exposed.get(c, 0.0), "total_us": exposed.get(c, 0.0)} for c in WORK_CATEGORIES}
+    return {"rank": 0, "timeline": timeline,
+            "phases": {phase: {"e2e_us": e2e, "idle_us": idle, "windows": 1, "categories": cats}}}
+
+
+def test_verdict_follows_the_threshold_and_idle_rule():
+    v = lambda r: phase_summary([r], 0.2, {}, [])["decode"]  # noqa: E731
+    comm = v(_rank("decode", 100, {"tp_allreduce": 30, "compute": 70}))
+    assert comm["verdict"] == Verdict.COMMUNICATION and comm["dominant"] == "tp_allreduce" and comm["axis"] == "tp"
+    assert v(_rank("decode", 100, {"tp_allreduce": 19, "compute": 81}))["verdict"] == Verdict.COMPUTE
+    assert v(_rank("decode", 100, {"compute": 40}, idle=60))["verdict"] == Verdict.HOST
+    assert v(_rank("decode", 100, {"compute": 40}, idle=60, timeline="host"))["verdict"] == Verdict.COMPUTE
