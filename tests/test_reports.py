@@ -1,6 +1,5 @@
 """HTML report: self-contained, charts present, every trace string escaped."""
 
-import gzip
 import json
 
 import pytest
@@ -8,21 +7,18 @@ import pytest
 from commprobe.analyzers.analysis import analyze
 from commprobe.reports.html import render_html
 from tests.conftest import run_cli
+from tests.kineto_events import HOST, SIDE, ev, kernel, write
 
 EVIL = "<script>alert(1)</script>"
 
 
 def _trace(path, rank):
-    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 1000, "pid": 1, "tid": 1},
-          {"ph": "X", "cat": "kernel", "name": EVIL, "ts": 0, "dur": 400, "pid": 0, "tid": 7},
-          {"ph": "X", "cat": "weird", "name": "</script><b>x</b>", "ts": 10, "dur": 5, "pid": 1, "tid": 1},
-          {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 300 + 50 * rank,
-           "dur": 300 - 50 * rank, "pid": 0, "tid": 20,
-           "args": {"Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float", "Group size": 2,
-                    "Process Group Name": "0"}}]
-    with gzip.open(path, "wt") as f:
-        json.dump({"traceEvents": ev, "distributedInfo": {"rank": rank, "world_size": 2},
-                   "baseTimeNanoseconds": 1_700_000_000_000_000_000}, f)
+    write(path, [ev("ProfilerStep#1", 0, 1000, HOST, "user_annotation", pid=1),
+                 kernel(EVIL, 0, 400),
+                 ev("</script><b>x</b>", 10, 5, HOST, "weird", pid=1),
+                 kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300 + 50 * rank, 300 - 50 * rank, SIDE, **{
+                     "Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float", "Group size": 2,
+                     "Process Group Name": "0"})], rank=rank, world=2)
 
 
 def test_report_escapes_trace_strings_and_embeds_plotly(tmp_path):

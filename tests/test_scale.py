@@ -3,34 +3,32 @@ one process, and a bad rank among many is one line naming its file."""
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
 
 from commprobe.analyzers.analysis import analyze
 from tests.conftest import run_cli
+from tests.kineto_events import HOST, SIDE, ev, kernel, write
 
 
-def _rank(r: int, late: float) -> dict:
-    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 2000, "pid": 0, "tid": 1}]
+def _rank(path, r: int, late: float) -> None:
+    events = [ev("ProfilerStep#1", 0, 2000, HOST, "user_annotation")]
     for k in range(4):
         t0 = 400 * k
-        ev.append({"ph": "X", "cat": "kernel", "name": "gemm", "ts": t0, "dur": 200, "pid": 0, "tid": 7})
-        ev.append({"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)",
-                   "ts": t0 + 200 + late, "dur": 100 - late if late < 100 else 10, "pid": 0, "tid": 20,
-                   "args": {"Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float",
-                            "Group size": 4, "Process Group Name": "0", "Process Group Description": "tp"}})
-    return {"schemaVersion": 1, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
-            "distributedInfo": {"rank": r, "world_size": 4}, "traceEvents": ev}
+        events.append(kernel("gemm", t0, 200))
+        events.append(kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", t0 + 200 + late,
+                             100 - late if late < 100 else 10, SIDE, **{
+                                 "Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float",
+                                 "Group size": 4, "Process Group Name": "0", "Process Group Description": "tp"}))
+    write(path, events, rank=r, world=4)
 
 
 def _run(tmp_path, bad: str | None = None):
     d = tmp_path / "run"
     d.mkdir()
     for r in range(4):
-        with gzip.open(d / f"rank{r}.trace.json.gz", "wt") as f:
-            json.dump(_rank(r, 0 if r != 2 else 50), f)
+        _rank(d / f"rank{r}.trace.json.gz", r, 0 if r != 2 else 50)
     if bad:
         (d / "rank1.trace.json.gz").write_bytes(bad.encode())
     return d
