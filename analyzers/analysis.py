@@ -1,5 +1,5 @@
 """Bundle or traces in, one versioned JSON result out (`commprobe.analysis/1`): the
-facade over the trace model (trace.py) and the topic modules, in the shape of HTA's
+facade over the readers, the per-rank pipeline and the cross-rank step, in the shape of HTA's
 TraceAnalysis.
 
 The result holds, per rank and phase, end-to-end time and per-category total and exposed
@@ -45,7 +45,7 @@ ALIGNMENTS = ("base", "collective-end")  # clocks: baseTimeNanoseconds, or the e
 
 def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
             align: str = "base", jobs: int = 1, scheduler: str | None = None, rank_from: str | None = None) -> dict:
-    """Map each rank's trace to a summary (ranks.py; `jobs` > 1: in that many worker processes;
+    """Map each rank's trace to a summary (cross_rank/rank_map.py; `jobs` > 1: in that many worker processes;
     `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
     where the map ran."""
     t0 = time.perf_counter()
@@ -62,6 +62,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
     links: dict[str, int] = {}
     graphs: dict[int, dict] = {}
+    formats: dict[str, int] = {}
+    notes: list[str] = []
     rank_set = RankSet(path)
     for s in map_ranks(trace_files(path), rules, jobs, scheduler, rank_from):
         rank_set.add(s.rank, s.path, s.distributed)
@@ -73,6 +75,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         origins[s.rank] = s.origin_ns
         files.append(s.path)
         nbytes += s.uncompressed_bytes
+        formats[s.reader["format"]] = formats.get(s.reader["format"], 0) + 1
+        notes += [n for n in s.reader.get("notes", ()) if n not in notes]
         for name, n in s.unknown_names.items():
             unknown[name] = unknown.get(name, 0) + n
     ranks.sort(key=lambda r: r["rank"])
@@ -96,7 +100,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None,
-                   "uncompressed_bytes": nbytes},
+                   "uncompressed_bytes": nbytes, "formats": dict(sorted(formats.items())), "reader_notes": notes},
         "manifest": manifest,
         "threshold": threshold,
         "align": align,

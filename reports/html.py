@@ -151,6 +151,11 @@ def plan_panel(plan: dict | None) -> str:
             + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
 
 
+def _read_as(src: dict) -> str:
+    formats = src.get("formats") or {}
+    return ("; read as " + ", ".join(f"{f} ({n})" for f, n in formats.items())) if formats else ""
+
+
 def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: dict | None = None) -> str:
     """`by_backend`: analyses of the same run per backend (a multi-backend bundle), for the comparison
     chart; `plan`: a `commprobe plan --json` result, for the what-if panel."""
@@ -195,7 +200,8 @@ code{{font-size:85%}}</style>
 <script>{get_plotlyjs()}</script></head><body>
 <h1>commprobe report</h1>
 <p>{_esc(src['path'])}: {len(src['files'])} rank trace(s), {src['uncompressed_bytes'] / 1e6:.1f} MB analyzed;
-threshold {result['threshold']:.0%}.</p>
+threshold {result['threshold']:.0%}{_esc(_read_as(src))}.</p>
+{''.join(f'<p class="host">note: {_esc(n)}</p>' for n in src.get('reader_notes', ()))}
 <h2>Verdict</h2><ul id="verdicts">{verdicts}</ul>
 {f'<ul id="notes">{notes}</ul>' if notes else ''}
 <h2>How each axis was decided</h2>

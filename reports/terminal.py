@@ -15,6 +15,11 @@ def render_analysis(result: dict, console: Console) -> None:
     src = result["source"]
     console.print(f"[bold]commprobe analyze[/]: {escape(src['path'])} ({len(src['files'])} rank trace(s), "
                   f"{src['uncompressed_bytes'] / 1e6:.1f} MB, {result['elapsed_s']:.2f} s)", highlight=False)
+    formats = src.get("formats") or {}
+    if set(formats) - {"kineto json"}:
+        console.print("read as: " + ", ".join(f"{escape(f)} ({n} rank(s))" for f, n in formats.items()), highlight=False)
+    for note in src.get("reader_notes", ()):
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     for phase, p in result["phases"].items():
         style = {Verdict.COMMUNICATION: "bold red", Verdict.HOST: "bold yellow"}.get(p["verdict"], "bold green")
         console.print(f"[{style}]{escape(p['summary'])}[/]", highlight=False)

@@ -230,7 +230,7 @@ def test_a_directory_of_exports_one_per_rank_and_the_rank_from_pattern(tmp_path)
 @pytest.mark.parametrize("case", ["not-a-database", "not-an-export", "unknown-schema", "truncated", "locked", "report"])
 def test_bad_exports_are_one_line_exit_2(tmp_path, case):
     p = tmp_path / ("run.nsys-rep" if case == "report" else "run.sqlite")
-    needle = {"not-a-database": "not a readable SQLite database", "not-an-export": "not an nsys export",
+    needle = {"not-a-database": "not a readable SQLite database", "not-an-export": "none of the formats read here",
               "unknown-schema": "schema 9.1 is not one this version reads", "truncated": "truncated or corrupt",
               "locked": "locked", "report": "nsys export --type sqlite"}[case]
     holder = None

@@ -1,7 +1,7 @@
 """The per-rank pipeline: one file in, a compact summary per rank it holds out. Its body lists
 the steps in order, each a module of this package: read (readers/) -> classify -> link kernels to
 the host ops that launched them -> windows per phase and exposed time per category (attribution,
-with phases.py's rules) -> the rank's collective calls -> graph facts. The summary (per-phase
+with phases.py's rules) -> the rank's collective calls -> graph facts -> counts of device work. The summary (per-phase
 breakdown, calls as arrays, counts) is all the cross-rank step ever sees of a rank, so a rank's
 event columns are never held beside another's.
 """
@@ -15,6 +15,7 @@ from ..readers.sources import traces_in
 from .attribution import rank_breakdown
 from .calls import Calls, primary_calls
 from .classify import Rule, classify
+from .counts import device_counts
 from .graphs import graph_facts
 from .links import link_kernels_to_host_ops
 
@@ -31,6 +32,7 @@ class RankSummary:
     graphs: dict
     links: dict[str, int]
     unknown_names: dict[str, int]
+    reader: dict  # the format read and what its reader has to say (notes), from Trace.extra
 
 
 def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None) -> list[RankSummary]:
@@ -40,9 +42,10 @@ def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = 
     for trace in traces_in(file, rank_from):
         cls = classify(trace, list(rules))
         link_kernels_to_host_ops(trace, cls)
-        breakdown = rank_breakdown(trace, cls)
+        breakdown = {**rank_breakdown(trace, cls), "device_work": device_counts(trace, cls)}
         calls = primary_calls(trace, cls)
         out.append(RankSummary(trace.rank, trace.path, trace.distributed, trace.origin_ns, trace.uncompressed_bytes,
-                               breakdown, calls, graph_facts(trace), dict(cls.links), dict(cls.unknown_names)))
+                               breakdown, calls, graph_facts(trace), dict(cls.links), dict(cls.unknown_names),
+                               {"format": "kineto json", **trace.extra}))
         del trace, cls
     return out

@@ -11,7 +11,8 @@ from . import remote
 from .kineto import load_trace
 from .model import Trace, TraceError
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".db")  # Kineto JSON; Nsight, rocpd (sources.py)
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".db", ".rpd", ".rpd.gz")  # Kineto or rocprofv3 JSON;
+# Nsight, rocpd, RPD (sources.py)
 BUNDLE_FILES = ("manifest.json", "timings.json")  # a bundle's own files, not traces
 
 

@@ -93,7 +93,8 @@ def _decode_top(path: Path, data: bytes) -> _Trace:
             return _Trace(traceEvents=events)
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass
-        raise TraceError(f"{path}: not a Kineto/Chrome trace ({e})") from None
+        raise TraceError(f"{path}: not a Kineto/Chrome trace ({e}); nor rocprofv3 JSON (no rocprofiler-sdk-tool key)"
+                         ) from None
     except msgspec.DecodeError as e:
         raise TraceError(f"{path}: not JSON ({e})") from None
 

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from .model import TraceError, codes, factorize
-from .sqlite_export import Source, assemble, each_part, lookup, open_readonly, query, tables
+from .parts import Source, assemble, each_part
+from .sqlite_export import lookup, open_readonly, query, tables
 
 KNOWN_MAJORS = (2, 3)
 _PID = "((globalPid >> 24) & 16777215)"  # Serialized GlobalId: bits 24-39 are the process id

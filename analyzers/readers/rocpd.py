@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .model import TraceError, codes
-from .sqlite_export import Source, assemble, each_part, lookup, open_readonly, query, tables
+from .parts import Source, assemble, each_part
+from .sqlite_export import lookup, open_readonly, query, tables
 
 KNOWN_SCHEMAS = ("3",)
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")

@@ -1,0 +1,100 @@
+"""What every reader of a multi-rank format shares (Nsight exports, rocpd and RPD databases,
+rocprofv3 JSON): which rank each (process, device) pair is, and assembling a `Trace` from
+per-source columns (device work, runtime calls, annotations), so each gives the Kineto path's
+columns. One rank rule for all of them: `--rank-from` on the file name, else the process's own
+rank where the format records it, else `rank N` in the file name, else the order of first work."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .limits import BYTES_PER_EVENT, max_events
+from .model import Trace, TraceError, codes, rank_in_name
+from .native import Refused
+
+
+def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | None) -> int:
+    """`--rank-from` on the file name (plus the part's index), else the process's own rank, else
+    `rank N` in the file name (plus the index), else the index."""
+    if rank_from:
+        m = re.search(rank_from, path.name)
+        if not m or not m.groups() or not (m.group(1) or "").isdigit():
+            raise TraceError(f"{path}: --rank-from {rank_from!r} does not match the file name with a number as "
+                             f"its first group")
+        return int(m.group(1)) + index
+    if from_process is not None:
+        return from_process
+    named = rank_in_name(path.name)
+    return named + index if named is not None else index
+
+
+def each_part(path: Path, parts: list[tuple[int, int]], unit: str, own_rank: Callable[[int], int | None],
+              rank_from: str | None, load: Callable[..., Trace]) -> Iterator[Trace]:
+    """One Trace per (process, device) pair of a database, one at a time: `load(pid, device, rank,
+    first_of_process, label)`; `unit` names the pair in labels ("pid={},device={}")."""
+    seen: set[int] = set()
+    for i, (pid, dev) in enumerate(parts):
+        label = str(path) if len(parts) == 1 else f"{path}#{unit.format(pid, dev)}"
+        yield load(pid, dev, rank_for(path, i, rank_from, own_rank(pid)), pid not in seen, label)
+        seen.add(pid)
+
+
+@dataclass
+class Source:
+    """One kind of event of one rank: times in ns, a name per row (codes into `names`), the
+    Kineto category, a thread or stream key per row, and launch correlation ids (-1: none)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    code: np.ndarray
+    names: list[str]
+    cat: str
+    thread: np.ndarray
+    corr: np.ndarray
+    device: bool
+
+
+def assemble(label: str, rank: int, sources: list[Source], zero_ns: int, origin_ns: int, nbytes: int,
+             extra: dict) -> Trace:
+    """One Trace from the sources, sorted by start: times become µs since `zero_ns` (the sources'
+    clock), which is Unix time `origin_ns`."""
+    sources = [s for s in sources if len(s.start)]
+    if not sources:
+        raise TraceError(f"{label}: no device work, runtime calls or annotations for this process and device")
+    if sum(len(s.start) for s in sources) > max_events():  # the JSON readers' bound (trace.BYTES_PER_EVENT)
+        raise TraceError(f"{label}: {Refused.WHY[8].format(per_event=BYTES_PER_EVENT)}")
+    names, offset, parts = [], 0, []
+    for s in sources:
+        parts.append(s.code.astype(np.int64) + offset)
+        names.extend(s.names)
+        offset += len(s.names)
+    code = np.concatenate(parts)
+    used, name_id = codes(code)
+    # one id per distinct string (sources may name the same thing)
+    distinct, remap = np.unique(np.array([names[i] for i in used.tolist()], dtype=object), return_inverse=True)
+    name_id = remap[name_id]
+    cat_names = sorted({s.cat for s in sources})
+    cat = np.concatenate([np.full(len(s.start), cat_names.index(s.cat), np.int32) for s in sources])
+    # device streams and host threads in two key spaces (a stream id and a thread id may collide);
+    # distinct per source first (few threads, many events), then one id per (space, thread)
+    keys: dict[tuple[bool, int], int] = {}
+    tids = []
+    for s in sources:
+        threads, which = codes(s.thread.astype(np.int64))
+        ids = np.array([keys.setdefault((s.device, v), len(keys)) for v in threads.tolist()], np.int32)
+        tids.append(ids[which])
+    tid_id = np.concatenate(tids)
+    start = np.concatenate([s.start for s in sources]) - zero_ns
+    end = np.concatenate([s.end for s in sources]) - zero_ns
+    corr = np.concatenate([s.corr for s in sources])
+    order = np.argsort(start, kind="stable")
+    n = len(order)
+    return Trace(label, rank, start[order] / 1000.0, np.maximum(end[order] - start[order], 0) / 1000.0,
+                 name_id[order].astype(np.int32), cat[order], [str(x) for x in distinct], cat_names, tid_id[order],
+                 np.full(n, -1, np.int32), [], np.full(n, -1, np.int64),
+                 np.where(corr[order] > 0, corr[order], -1).astype(np.int64), origin_ns, None, None, nbytes, extra=extra)
