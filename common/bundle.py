@@ -5,6 +5,9 @@ leaves on disk. Torch-free, so the analyzers, the gate and the planner read bund
     OUT/rank{r}.trace.json.gz    one Kineto trace per rank (phase and collective spans)
     OUT/timings.json             un-profiled TTFT/TTIT samples (and profiled, for the overhead ratio)
     OUT/telemetry.jsonl          host (and GPU) samples on the traces' clock
+    OUT/flight_recorder/         after a hang or a failed rank: each live rank's Flight Recorder
+                                 records (rank{r}.fr.pkl, torch's own dump), its Python stacks
+                                 (rank{r}.stacks.json) and its process groups (rank{r}.groups.json)
                                  (under torchrun: OUT/telemetry-HOST.jsonl, one per host)
 
 With several backends, OUT holds one sub-bundle per backend (OUT/gloo/, OUT/dda/), each a
@@ -36,6 +39,22 @@ class BundleError(InputError):
 
 def trace_name(rank: int) -> str:
     return f"rank{rank}.trace.json.gz"
+
+
+FLIGHT_RECORDER = "flight_recorder"
+FR_TRIGGER = "DUMP"  # the launcher creates it in flight_recorder/: every live rank dumps once
+
+
+def fr_dump_name(rank: int) -> str:
+    return f"rank{rank}.fr.pkl"
+
+
+def fr_stacks_name(rank: int) -> str:
+    return f"rank{rank}.stacks.json"
+
+
+def fr_groups_name(rank: int) -> str:
+    return f"rank{rank}.groups.json"
 
 
 def host_telemetry_name(host: str) -> str:

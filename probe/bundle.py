@@ -15,6 +15,7 @@ from pathlib import Path
 
 from commprobe.common.bundle import (
     CLOCK,
+    FLIGHT_RECORDER,
     MANIFEST,
     SCHEMA,
     TELEMETRY,
@@ -26,7 +27,7 @@ from commprobe.common.bundle import (
 )
 from commprobe.common.host import cpu_model, host_name, usable_cores
 
-__all__ = ["MANIFEST", "SCHEMA", "TELEMETRY", "TIMINGS", "device_facts", "finish_manifests", "host_telemetry_name",
+__all__ = ["FLIGHT_RECORDER", "MANIFEST", "SCHEMA", "TELEMETRY", "TIMINGS", "device_facts", "finish_manifests", "host_telemetry_name",
            "manifest", "now_iso", "start_manifests", "write_json", "write_timings"]
 
 

@@ -103,7 +103,8 @@ def profile(
             results = run_profile(cfg, mcfg.to_dict(), pg_backend=pg_backend, telemetry_interval=telemetry_interval,
                                   on_status=say).results
         except LaunchError as e:
-            fail(f"{e} (partial bundle kept in {out})", code=1)
+            found = f"\n{e.finding} (commprobe hang {out})" if getattr(e, "finding", None) else ""
+            fail(f"{e} (partial bundle kept in {out}){found}", code=1)
         except OSError as e:
             fail(f"cannot write the bundle in {out}: {e.strerror or e}", code=1)
     render_profile(results, cfg.backends, [a for a in ("tp", "cp", "ep") if getattr(mesh, a) > 1], console)
@@ -238,6 +239,24 @@ def gate(
     else:
         render_gate(res, console)
     raise typer.Exit(res["exit_code"])
+
+
+@app.command()
+def hang(
+    path: str = typer.Argument(..., help="A run bundle, or a directory of Flight Recorder dumps (one file per rank)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (schema commprobe.hang/1)."),
+) -> None:
+    """Why a run hung: which rank, group, collective and sequence number, and where each rank waits."""
+    import json
+
+    from commprobe.analyzers.hang import analyze_hang
+    from commprobe.reports.terminal import render_hang
+
+    result = analyze_hang(path)
+    if json_out:
+        print(json.dumps(result, indent=1))
+    else:
+        render_hang(result, console)
 
 
 @app.command()

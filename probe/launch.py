@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commprobe.collectives.backends import process_group_backend
+from commprobe.common.bundle import FR_TRIGGER, fr_dump_name
 
 _launches = count()
 
@@ -40,6 +41,7 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, rank: int | None = None):
         super().__init__(message)
         self.rank = rank
+        self.finding: str | None = None  # the hang diagnosis's first finding, where the bundle has records
 
 
 def under_torchrun() -> bool:
@@ -115,7 +117,7 @@ def _hang_message(out: Path, alive: list[int], timeout: float) -> tuple[str, int
 
 
 def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: str, backend: str, timeout: float,
-           shm_tag: str, capture: bool) -> None:
+           shm_tag: str, capture: bool, forensics: str | None = None) -> None:
     if capture:  # the rank's own output goes to a log beside its results, not the user's terminal
         log = os.open(os.path.join(out, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
@@ -124,8 +126,17 @@ def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       COMMPROBE_SHM_TAG=shm_tag, COMMPROBE_PROGRESS_DIR=out)
     outp = Path(out)
+    if forensics:  # record collectives; dump records and stacks when the launcher asks (probe/forensics.py)
+        import faulthandler
+
+        from . import forensics as fr
+
+        fr.enable()
+        faulthandler.enable(all_threads=True)  # a rank killed by a C++ abort still leaves its stacks in its log
     try:
         _init_rank(backend, timeout, f"file://{init_file}", rank, world)
+        if forensics:
+            fr.start_watcher(out, forensics, rank)
         result = fn(*args)
         tmp = outp / f"rank{rank}.pkl.tmp"
         tmp.write_bytes(pickle.dumps(result))
@@ -134,6 +145,11 @@ def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out
     except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported by the parent
         (outp / f"rank{rank}.traceback").write_text(traceback.format_exc())
         (outp / f"rank{rank}.err").write_text(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip())
+        if forensics:
+            try:  # this rank's own records and where it failed, before it is gone
+                fr.dump(Path(forensics), rank, exc=e)
+            except Exception:  # noqa: BLE001 - the failure itself is what gets reported
+                pass
         os._exit(1)
     # The result is safe on disk: skip interpreter teardown, where third-party extensions' static
     # destructors can abort (DeepSpeed's shm op: "terminate called without an active exception").
@@ -153,6 +169,21 @@ def _describe_exit(code: int, errfile: Path) -> str:
     return f"exited with code {code}"
 
 
+def _collect_forensics(out: Path, forensics: Path | None, procs: list, wait: float = 10.0) -> None:
+    """Ask every live rank for its Flight Recorder records and stacks (the trigger file its watcher
+    thread polls for) and wait, at most `wait` seconds, until each has written them or died."""
+    if forensics is None:
+        return
+    (out / FR_TRIGGER).touch()
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        pending = [r for r, p in enumerate(procs) if p.is_alive() and not (forensics / fr_dump_name(r)).exists()
+                   and not (forensics / f"rank{r}.dump-error").exists()]
+        if not pending:
+            return
+        time.sleep(0.05)
+
+
 def _stop(procs: list, grace: float = 2.0) -> None:
     for p in procs:
         if p.is_alive():
@@ -168,7 +199,8 @@ def _stop(procs: list, grace: float = 2.0) -> None:
 def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str | None = None,
            timeout: float = 300.0, workdir: str | Path | None = None,
            on_poll: Callable[[], None] | None = None,
-           on_start: Callable[[dict[int, int]], None] | None = None, capture_output: bool = False) -> list[Any]:
+           on_start: Callable[[dict[int, int]], None] | None = None, capture_output: bool = False,
+           forensics: str | Path | None = None) -> list[Any]:
     """Run `fn(*args)` on `world_size` spawned ranks; return each rank's result, in rank order.
 
     `fn` must be importable (a module-level function). Raises LaunchError naming the first
@@ -176,6 +208,9 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     called from the watching loop (a progress bar reads the ranks' progress there);
     `on_start` gets {rank: pid} once all ranks are started (telemetry samples them);
     `capture_output` sends each rank's stdout/stderr to `rank{r}.log` in the work directory.
+    `forensics`: ranks record to torch's Flight Recorder, and when a rank hangs or fails every live
+    rank's records and Python stacks are written there before the ranks are stopped (a rank that
+    raises writes its own on the way out).
     """
     backend = backend or process_group_backend()
     own_dir = workdir is None
@@ -185,8 +220,10 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     init_file.unlink(missing_ok=True)
     ctx = mp.get_context("spawn")
     shm_tag = f"{os.getpid()}x{next(_launches)}"
+    fr_dir = Path(forensics).resolve() if forensics else None
+    (out / FR_TRIGGER).unlink(missing_ok=True)  # a trigger left by an earlier run in this directory
     procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout, shm_tag,
-                                                    capture_output),
+                                                    capture_output, str(fr_dir) if fr_dir else None),
                          name=f"commprobe-rank{r}") for r in range(world_size)]
     try:
         for p in procs:
@@ -200,6 +237,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
                 # Prefer a rank that raised on its own over peers that merely lost their connection to it.
                 primary = sorted(failed, key=lambda f: _is_secondary(out / f"rank{f[0]}.err"))[0]
                 r, code = primary
+                _collect_forensics(out, fr_dir, procs)
                 _stop(procs)
                 raise LaunchError(f"rank {r} failed: {_describe_exit(code, out / f'rank{r}.err')}", rank=r)
             if all(p.exitcode == 0 for p in procs):
@@ -207,6 +245,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
             if time.monotonic() > deadline:
                 alive = [r for r, p in enumerate(procs) if p.is_alive()]
                 msg, culprit = _hang_message(out, alive, timeout)
+                _collect_forensics(out, fr_dir, procs)
                 _stop(procs)
                 raise LaunchError(msg, rank=culprit)
             if on_poll is not None:

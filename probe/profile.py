@@ -24,6 +24,23 @@ class ProfileOutcome:
     telemetry_line: str
 
 
+def hang_finding(root: Path) -> str | None:
+    """The first finding of the hang diagnosis over the bundle's Flight Recorder records, as the
+    one line `profile` adds to its hang or failure line; None when there are no records."""
+    from commprobe.analyzers.hang import analyze_hang
+    from commprobe.common.errors import InputError
+
+    if not (root / bundle.FLIGHT_RECORDER).is_dir():
+        return None
+    try:
+        findings = analyze_hang(root)["findings"]
+    except InputError:
+        return None
+    # a rank's own death is already the launcher's line; a finding adds what it does not know
+    told = [f for f in findings if f["kind"] not in ("rank_died", "no_records")]
+    return told[0]["summary"] if told else None
+
+
 def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_interval: float = 0.05,
                 on_status: Callable[[str], None] = lambda s: None) -> ProfileOutcome:
     """One host: spawn the ranks, sample this host, write the whole bundle."""
@@ -36,10 +53,12 @@ def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_i
     try:
         with sampler:
             results = launch(run_rank, cfg.world_size, (cfg,), backend=pg_backend, timeout=cfg.timeout,
-                             workdir=root / "ranks", on_start=pids.update, capture_output=True)
+                             workdir=root / "ranks", on_start=pids.update, capture_output=True,
+                             forensics=root / bundle.FLIGHT_RECORDER)
         status = "ok"
     except LaunchError as e:
-        error = str(e)
+        e.finding = hang_finding(root)
+        error = f"{e}; {e.finding}" if e.finding else str(e)
         raise
     except KeyboardInterrupt:
         status, error = "interrupted", "interrupted by the user (Ctrl-C)"

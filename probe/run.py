@@ -25,7 +25,8 @@ from commprobe.collectives.spans import span
 from commprobe.common.bundle import trace_name
 from commprobe.common.host import host_name
 
-from .faults import inject
+from .faults import faulty, inject
+from .forensics import register_groups
 from .launch import report_progress
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -383,7 +384,8 @@ def run_rank(cfg: RunConfig) -> RankResult:
     report_progress("building model")
     comms: dict[str, dict[str, TimedComm]] = {}
     for b in cfg.backends:
-        comms[b] = {a: TimedComm(c) for a, c in build_comms(cfg.mesh, b, timeout=cfg.timeout).items()}
+        comms[b] = faulty({a: TimedComm(c) for a, c in build_comms(cfg.mesh, b, timeout=cfg.timeout).items()}, rank)
+        register_groups(comms[b])  # for hang forensics: which process group is which axis
     model = parallelize(load_model(cfg, device), comms[cfg.backends[0]], cfg.cp_variant)
     prompt = make_prompt(model.cfg.vocab_size, cfg.batch, cfg.prompt_len, cfg.seed).to(device)
     timings = {b: RankTimings(rank, b, cfg.batch) for b in cfg.backends}

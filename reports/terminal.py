@@ -66,6 +66,26 @@ def render_analysis(result: dict, console: Console) -> None:
         console.print(f"unclassified events: {u['count']} ({names}…); add a --rules file to classify them", highlight=False)
 
 
+def render_hang(result: dict, console: Console) -> None:
+    """The hang diagnosis (commprobe.hang/1): findings first, one table row per rank's stack."""
+    console.print(f"[bold]commprobe hang[/]: {escape(result['source'])} (records of ranks "
+                  f"{', '.join(map(str, result['ranks'])) or 'none'})", highlight=False)
+    if not result["findings"]:
+        console.print("[green]no finding: every group's ranks agree and none is stuck in a collective[/]")
+    for f in result["findings"]:
+        console.print(f"[bold red]{escape(f['kind'])}[/]: {escape(f['summary'])}", highlight=False)
+        table = Table(show_header=True, header_style="bold", box=None)
+        for col in ("rank", "role", "where (file:line, function)"):
+            table.add_column(col)
+        for r, s in f["stacks"].items():
+            role = "missing" if int(r) in f["missing"] else "waits" if int(r) in f["concerned"] else ""
+            at = f"{s['file']}:{s['line']} ({s['name']})" if s else "?"
+            table.add_row(r, role, escape(at))
+        console.print(table)
+    for n in result.get("notes", ()):
+        console.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
+
+
 def render_compare(result: dict, console: Console) -> None:
     console.print(f"[bold]commprobe compare[/]: A = {escape(result['a'])}, B = {escape(result['b'])} (ratio B/A)")
     t = Table(title="Per phase (µs per window)")

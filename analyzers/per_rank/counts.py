@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from commprobe.common.vocab import COMM_CODES
+
 from ..readers.model import Trace
 from .classify import Classified
 
