@@ -62,3 +62,21 @@ def test_enums_name_the_json_words():
                           "marker"]
     assert WORK_CATEGORIES == tuple(CATEGORIES[:7]) and Category.MARKER.key == "marker"
     assert [v.css for v in Verdict] == ["communication", "compute", "host", "unknown"]
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_nccl_all_to_allv_is_ep_all_to_all_and_links_its_kernel(tmp_path, monkeypatch, pure_python):
+    """PyTorch's record_param_comms says "all_to_allv" for all_to_all_single with split sizes —
+    MoE dispatch and combine (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, alltoall_base):
+    the SendRecv kernel under it is that all-to-all, not an unlinked p2p."""
+    from tests.kineto_events import rpc
+
+    if pure_python:
+        monkeypatch.setenv("COMMPROBE_PURE_PYTHON", "1")
+    host = rpc(0, 200, "all_to_allv", 4096, group="7", group_size=2)
+    events = [ev("ProfilerStep#1", -10, 1000, HOST, "user_annotation"), host,
+              *launched("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 300, 100, 1, 50)]
+    r = analyze(write(tmp_path / "rank0.json.gz", events))
+    step = r["ranks"][0]["phases"]["step"]["categories"]
+    assert step["ep_all_to_all"]["total_us"] == pytest.approx(100.0)
+    assert r["kernel_links"]["linked"] == 1

@@ -315,7 +315,9 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
         group_size[idx] = gsize_c.astype(np.int64)[sel]
         axis_source[idx] = src_c.astype(np.int8)[sel]
         axis_source[comm_idx[~keep]] = np.array([c.axis_source for c in name_classes], np.int8)[cls_of[~keep]]
-    _inherit_own_spans(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source)
+    _inherit_c10d(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source)
+    _inherit_outer(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source, is_own_span,
+                   lambda name: not is_own_span(name))
     counts = np.bincount(inverse, minlength=len(uniq)) if n else np.zeros(len(uniq), np.int64)
     unknown: dict[str, int] = {}
     for k, c in enumerate(name_classes):
@@ -347,16 +349,63 @@ def _comm_details(trace: Trace, nc: NameClass, name_id: int, arg_row: int):
     return nc.category, nc.op, nc.axis, nc.bytes, None, 0, nc.axis_source
 
 
-def _inherit_own_spans(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
-                       comm_bytes: np.ndarray, axis_source: np.ndarray) -> None:
-    """A library's communication op that starts inside one of our own spans (`c10d::_allgather_base_`,
-    `gloo:all_gather` on gloo's worker thread) is that span's work: it takes the span's category,
-    axis and op, which the library's own event cannot tell (a CP all-gather would otherwise be
-    `other_comm`)."""
+def _is_c10d(name: str) -> bool:
+    return name.startswith("c10d::")
+
+
+_BACKENDS = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:", "ncclx:")
+
+
+def _is_backend_op(name: str) -> bool:
+    return name.startswith(_BACKENDS)
+
+
+# A backend's op that implements a different c10d op: (what the backend records, what was called).
+# gloo runs reduce_scatter (list and tensor forms) as its allreduce (torch 2.13, ProcessGroupGloo).
+_IMPLEMENTED_AS = {("allreduce", "reduce_scatter")}
+
+
+def _inherit_c10d(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
+                  comm_bytes: np.ndarray, axis_source: np.ndarray) -> None:
+    """A backend's op (`gloo:all_reduce`) is the work of the c10d op the program called
+    (`c10d::reduce_scatter_`): gloo implements reduce_scatter with its allreduce, which alone would
+    read as a TP allreduce (tests/test_c10d_names.py). gloo runs a collective's work on its worker
+    threads after the c10d op returns, with nothing in the trace tying the two, so the work is
+    paired with the c10d op that started last before it (a blocking call waits for its work before
+    the next is issued); and only the known implementations (`_IMPLEMENTED_AS`) change the op, so a
+    pairing that is off among overlapping async calls cannot relabel anything else."""
     if not comm_idx.size:
         return
-    is_own = trace.events_named(comm_idx, is_own_span)
-    own, lib = comm_idx[is_own], comm_idx[~is_own]
+    c10d = comm_idx[trace.events_named(comm_idx, _is_c10d)]
+    work = comm_idx[trace.events_named(comm_idx, _is_backend_op)]
+    if not c10d.size or not work.size:
+        return
+    c10d = c10d[np.argsort(trace.ts[c10d], kind="stable")]
+    j = np.searchsorted(trace.ts[c10d], trace.ts[work], side="right") - 1
+    for i, k in zip(work[j >= 0].tolist(), c10d[j[j >= 0]].tolist()):
+        if (comm_op[i], comm_op[k]) not in _IMPLEMENTED_AS:
+            continue
+        category[i] = category[k]
+        comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
+        axis_source[i] = axis_source[k]
+        if np.isnan(comm_bytes[i]):
+            comm_bytes[i] = comm_bytes[k]
+
+
+def _inherit_outer(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
+                   comm_bytes: np.ndarray, axis_source: np.ndarray, is_outer, is_inner, keep_source: bool = False) -> None:
+    """A communication event that starts inside an outer one (by time: gloo runs its work on a worker
+    thread) is the outer one's work and takes its category, axis and op:
+    - a backend's op inside the c10d op the program called: gloo implements `reduce_scatter` with its
+      allreduce (`c10d::reduce_scatter_` holds `gloo:all_reduce`, torch 2.13; tests/test_c10d_names.py),
+      which alone would read as a TP allreduce;
+    - a library's op inside one of our own spans (`commprobe/comm/...`), whose axis the library's
+      event cannot tell (a CP all-gather would otherwise be `other_comm`)."""
+    if not comm_idx.size:
+        return
+    outer_mask = trace.events_named(comm_idx, is_outer)
+    inner_mask = trace.events_named(comm_idx, is_inner) & ~outer_mask
+    own, lib = comm_idx[outer_mask], comm_idx[inner_mask]
     if not own.size or not lib.size:
         return
     order = np.argsort(trace.ts[own], kind="stable")
@@ -365,8 +414,12 @@ def _inherit_own_spans(trace: Trace, category: np.ndarray, comm_idx: np.ndarray,
     j = np.searchsorted(starts, trace.ts[lib], side="right") - 1
     inside = (j >= 0) & (trace.ts[lib] <= ends[np.maximum(j, 0)])
     for i, k in zip(lib[inside], own[j[inside]]):
+        if comm_op[k] is None:
+            continue
         category[i] = category[k]
         comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
-        axis_source[i] = DECLARED
+        axis_source[i] = axis_source[k] if keep_source else DECLARED
         if np.isnan(comm_bytes[i]):
             comm_bytes[i] = comm_bytes[k]
+
+
