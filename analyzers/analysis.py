@@ -24,7 +24,7 @@ from .cross_rank.rank_map import map_ranks
 from .cross_rank.verdict import phase_summary
 from .per_rank.classify import load_rules
 from .readers import remote
-from .readers.files import RankSet, trace_files
+from .readers.files import RankSet, front_end_files, trace_files
 from .readers.model import TraceError
 
 SCHEMA = "commprobe.analysis/1"
@@ -80,6 +80,11 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         for name, n in s.unknown_names.items():
             unknown[name] = unknown.get(name, 0) + n
     ranks.sort(key=lambda r: r["rank"])
+    skipped = [{"file": f, "why": "an engine's front-end process (vLLM API server): no rank, no device work"}
+               for f in front_end_files(path)]
+    if skipped:
+        notes.append(f"{len(skipped)} front-end trace(s) kept apart, not ranks: "
+                     + ", ".join(Path(s['file']).name for s in skipped))
     origin = min(origins.values())
     for r, cs in calls.items():  # one clock for the run: the earliest rank's base
         shift = (origins[r] - origin) / 1000.0
@@ -100,7 +105,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None,
-                   "uncompressed_bytes": nbytes, "formats": dict(sorted(formats.items())), "reader_notes": notes},
+                   "uncompressed_bytes": nbytes, "formats": dict(sorted(formats.items())), "reader_notes": notes,
+                   "skipped": skipped},
         "manifest": manifest,
         "threshold": threshold,
         "align": align,

@@ -233,3 +233,29 @@ def test_tensorrt_llm_forward_steps_are_phases(tmp_path, reader):
     assert rule["rule"] == "trtllm" and "py_executor.py" in rule["source"]
     assert {p: v["e2e_us"] for p, v in r["ranks"][0]["phases"].items()} == {"prefill": 800, "decode": 100, "mixed": 300}
     assert rule["engine_steps"]["mixed"] == {"steps": 1, "context_requests": 1, "generation_requests": 1}
+
+
+def test_a_vllm_profile_directory_with_its_front_end_trace(tmp_path):
+    """vLLM (>= 0.16, `--profiler-config`) writes the API server's own trace beside the workers'
+    (`<prefix>_<host>_<pid>.async_llm.<id>.pt.trace.json.gz`: no rank, no device work); it used to
+    collide with rank 0 ("rank 0 appears in more than one file"). Workers are named by their
+    coordinates (`dp0_pp0_tp{t}_dcp0_ep0_rank{r}`, vllm/distributed/utils.py)."""
+    import gzip
+    import json
+
+    from tests.kineto_events import kernel
+
+    d = tmp_path / "vllm_profile"
+    d.mkdir()
+    for r in (0, 1):
+        write(d / f"dp0_pp0_tp{r}_dcp0_ep0_rank{r}_host_{100 + r}.pt.trace.json.gz",
+              [ev("execute_context_1(16)_generation_0(0)", 0, 500, HOST, "user_annotation"), kernel("gemm", 10, 400)],
+              rank=r, world=2)
+    front = d / "vllm_host_99.async_llm.1733000000.pt.trace.json.gz"
+    with gzip.open(front, "wt") as f:  # the front end's trace: host events only, no distributedInfo
+        json.dump({"traceEvents": [ev("AsyncLLM.generate", 0, 900, HOST, "user_annotation")]}, f)
+    r = analyze(d)
+    assert [x["rank"] for x in r["ranks"]] == [0, 1]
+    assert r["source"]["skipped"] == [{"file": str(front), "why": "an engine's front-end process (vLLM API server): "
+                                                                  "no rank, no device work"}]
+    assert any("front-end trace(s) kept apart" in n for n in r["source"]["reader_notes"])

@@ -77,7 +77,7 @@ def test_enclosing_op_is_the_innermost_holding_interval(host, queries):
 
 def _phase(name: str) -> tuple[str, str, dict] | None:
     for r in RULES:
-        if name.startswith(r.prefix):
+        if r.claims(name):
             m = r.pattern.match(name)
             return (r.name, r.phase_of(m), r.counts(m)) if m else (r.name, "malformed", {})
     return None
@@ -95,6 +95,29 @@ def test_phase_rules_name_each_engines_steps():
     assert _phase("ProfilerStep#12")[:2] == ("profiler-step", "step")
     assert _phase("commprobe/decode")[:2] == ("commprobe", "decode")
     assert _phase("gemm") is None
+
+
+def test_phase_rules_read_the_engines_annotations_as_written_today():
+    """vLLM's token field with two numbers (a real B200 trace), its detailed_trace_annotation form,
+    SGLang's EXTEND (prefill over a cached prefix); a step-looking name that does not parse is
+    malformed, not another rule's or nothing."""
+    assert _phase("execute_context_1(888_788544)_generation_0(0)") == (
+        "vllm-v1", "prefill", {"context_requests": 1, "context_tokens": 888, "generation_requests": 0,
+                               "generation_tokens": 0})
+    assert _phase("execute_64_context_2(sq60sk84sqsq2522sqsk2786)_generation_4(sq4sk300)")[:2] == ("vllm-v1", "mixed")
+    assert _phase("step[EXTEND bs=2 toks=40]") == ("sglang", "prefill", {"requests": 2, "prefill_tokens": 40})
+    assert _phase("execute_context_1(?)_generation_0(0)") == ("vllm-v1", "malformed", {})
+    assert _phase("execute_new_1_cached_0")[:2] == ("vllm-v1-new-cached", "prefill")
+
+
+def test_a_malformed_engine_step_is_counted_with_its_text_not_silently_whole_trace(tmp_path):
+    from commprobe.analyzers.analysis import analyze
+    from tests.kineto_events import HOST, ev, kernel, write
+
+    bad = "execute_context_1(?)_generation_0(0)"
+    r = analyze(write(tmp_path / "rank0.json.gz", [ev(bad, 0, 500, HOST, "user_annotation"), kernel("gemm", 10, 400)]))
+    rule = r["ranks"][0]["phase_rule"]
+    assert (rule["rule"], rule["malformed"], rule["malformed_names"]) == ("whole-trace", 1, [bad])
 
 
 def _rank(phase: str, e2e: float, exposed: dict[str, float], idle: float = 0.0, timeline: str = "device") -> dict:

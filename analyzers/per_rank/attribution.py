@@ -47,8 +47,10 @@ def windows(trace: Trace, tl: Timeline) -> tuple[dict[str, list[tuple[float, flo
     sides = (True, False) if tl.device else (False,)
     starts = tuple(p for rule in RULES for p in rule.prefix)
     candidates = [i for i, n in enumerate(trace.names) if n.startswith(starts)]
+    unparsed: list[int] = []  # names a rule claims but cannot parse, over every rule
     for rule in RULES:
-        parsed = {i: rule.pattern.match(trace.names[i]) for i in candidates if trace.names[i].startswith(rule.prefix)}
+        parsed = {i: rule.pattern.match(trace.names[i]) for i in candidates if rule.claims(trace.names[i])}
+        unparsed += [i for i, m in parsed.items() if m is None]
         good = {i: m for i, m in parsed.items() if m}
         if not good:
             continue
@@ -81,15 +83,28 @@ def windows(trace: Trace, tl: Timeline) -> tuple[dict[str, list[tuple[float, flo
                 sel = idx[per == k]
                 out[ph] = sorted(zip(trace.ts[sel].tolist(), (trace.ts[sel] + trace.dur[sel]).tolist()))
             bad = [i for i, m in parsed.items() if m is None]
-            malformed = int((np.isin(trace.name_id, bad) & side).sum()) if bad else 0
-            info = {"rule": rule.name, "source": rule.source, "malformed": malformed}
+            info = {"rule": rule.name, "source": rule.source, **_malformed(trace, bad, side)}
             if rule.name not in ("commprobe", "profiler-step"):
                 info["engine_steps"] = steps
             return out, info
+    # no rule parsed anything: annotations that look like an engine's step but do not parse are
+    # counted and shown, so a whole-trace window is never a silent fallback
+    info = {"rule": "whole-trace", "source": "", **_malformed(trace, unparsed, ~dev if not tl.device else dev | ~dev)}
     if not tl.mask.any():
-        return {}, {"rule": "whole-trace", "source": "", "malformed": 0}
-    return ({"trace": [(float(trace.ts[tl.mask].min()), float((trace.ts + trace.dur)[tl.mask].max()))]},
-            {"rule": "whole-trace", "source": "", "malformed": 0})
+        return {}, info
+    return ({"trace": [(float(trace.ts[tl.mask].min()), float((trace.ts + trace.dur)[tl.mask].max()))]}, info)
+
+
+MAX_MALFORMED_SHOWN = 5
+
+
+def _malformed(trace: Trace, bad: list[int], side: np.ndarray) -> dict:
+    """{malformed: events, malformed_names: the first distinct texts} of annotations a rule claims
+    but cannot parse."""
+    if not bad:
+        return {"malformed": 0}
+    n = int((np.isin(trace.name_id, bad) & side).sum())
+    return {"malformed": n, "malformed_names": [trace.names[i] for i in sorted(set(bad))[:MAX_MALFORMED_SHOWN]]}
 
 
 def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv.Intervals]:

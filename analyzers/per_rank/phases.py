@@ -9,7 +9,11 @@ that start like a rule's but do not parse are counted (`malformed`), never guess
 - `vllm-v1`: `execute_context_{R}({T})_generation_{R}({T})` per engine step: requests that
   have not generated a token yet (context: prefill, chunked or not) and requests generating
   (decode), each with its tokens; vllm-project/vllm vllm/v1/worker/gpu_worker.py,
-  `Worker.annotate_profile`. Context only: prefill; generation only: decode; both: mixed.
+  `Worker.annotate_profile`. Context only: prefill; generation only: decode; both: mixed. As
+  written today the token field may hold two numbers (`execute_context_1(888_788544)_generation_0(0)`,
+  a real B200 trace) and the detailed form prefixes the step and lists per-request lengths
+  (`execute_64_context_2(sq60sk84sqsq2522sqsk2786)_generation_4(…)`): both parse; tokens are the
+  first number, or the sum of the `sq` (query) lengths.
 - `vllm-v1-new-cached`: the same method's older form, `execute_new_{N}_cached_{M}`: newly
   scheduled requests and already-running ones. New only: prefill; both: mixed; cached only is
   phase `cached`, because a running request may still be in a chunked prefill: the annotation
@@ -18,7 +22,8 @@ that start like a rule's but do not parse are counted (`malformed`), never guess
   `step[idle]`, `step[<MODE> bs=N]` (speculative modes: TARGET_VERIFY, DRAFT_EXTEND_V2, ...), with
   optional extra `key=value` fields (roofline annotations) before the `]`; sgl-project/sglang
   python/sglang/srt/model_executor/model_runner.py `_build_step_span_name` (PR #23419, and
-  #24911 for the extra fields). Phases prefill, decode, mixed; other modes by their name.
+  #24911 for the extra fields). Phases prefill, decode, mixed; `EXTEND` (prefill over a cached
+  prefix, ForwardMode.EXTEND) is prefill; other modes by their name.
 - `trtllm`: TensorRT-LLM's PyTorch executor wraps each step in `[Executor] _forward_step {iter}:
   {N} ctx reqs, {M} gen reqs` (older: without the iteration, or without `[Executor] `);
   NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/py_executor.py `_forward_step`. It is an
@@ -49,6 +54,11 @@ class PhaseRule:
     phase_of: Callable[[re.Match], str]  # the phase of one annotation
     counts: Callable[[re.Match], dict[str, int]]  # requests and tokens it reports
     source: str
+    looks: re.Pattern | None = None  # of the names with the prefix, those that look like this rule's (None: all)
+
+    def claims(self, name: str) -> bool:
+        """Whether `name` is one of this rule's annotations, parsed or malformed."""
+        return name.startswith(self.prefix) and (self.looks is None or bool(self.looks.match(name)))
 
 
 def _ctx_gen(ctx: int, gen: int) -> str:
@@ -60,6 +70,21 @@ def _vllm_context(m: re.Match) -> str:
     return _ctx_gen(int(m.group(1)), int(m.group(3)))
 
 
+def _first_int(field: str) -> int:
+    """The tokens of a vLLM request field: `16`; `888_788544` (two numbers, seen in a real B200
+    trace: the first is the step's tokens); `sq60sk84…` (detailed annotation: per-request query and
+    key lengths, summed over its `sq` values)."""
+    head = re.match(r"\d+", field)
+    if head:
+        return int(head.group())
+    return sum(int(v) for v in re.findall(r"(?<![a-z])sq(\d+)", field))
+
+
+def _vllm_counts(m: re.Match) -> dict[str, int]:
+    return {"context_requests": int(m.group(1)), "context_tokens": _first_int(m.group(2)),
+            "generation_requests": int(m.group(3)), "generation_tokens": _first_int(m.group(4))}
+
+
 def _vllm_new_cached(m: re.Match) -> str:
     new, cached = int(m.group(1)), int(m.group(2))
     return "mixed" if new and cached else "prefill" if new else "cached" if cached else "idle-step"
@@ -67,7 +92,9 @@ def _vllm_new_cached(m: re.Match) -> str:
 
 def _sglang_phase(m: re.Match) -> str:
     mode = m.group(1)
-    return {"prefill": "prefill", "decode": "decode", "mixed": "mixed", "idle": "idle-step"}.get(mode, mode.lower())
+    # EXTEND is a prefill over a cached prefix (SGLang's ForwardMode.EXTEND, forward_batch_info.py)
+    return {"prefill": "prefill", "decode": "decode", "mixed": "mixed", "idle": "idle-step", "EXTEND": "prefill",
+            "extend": "prefill"}.get(mode, mode.lower())
 
 
 _SGLANG_FIELDS = {"bs": "requests", "toks": "prefill_tokens", "ext": "prefill_tokens", "dec": "decode_tokens"}
@@ -85,15 +112,17 @@ def _sglang_counts(m: re.Match) -> dict[str, int]:
 RULES = (
     PhaseRule("commprobe", ("commprobe/prefill", "commprobe/decode"), re.compile(r"^commprobe/(prefill|decode)"), lambda m: m.group(1),
               lambda m: {}, "commprobe probe/run.py"),
-    PhaseRule("vllm-v1", ("execute_context_",), re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$"),
-              _vllm_context,
-              lambda m: {"context_requests": int(m.group(1)), "context_tokens": int(m.group(2)),
-                         "generation_requests": int(m.group(3)), "generation_tokens": int(m.group(4))},
-              "vllm-project/vllm vllm/v1/worker/gpu_worker.py Worker.annotate_profile"),
+    PhaseRule("vllm-v1", ("execute_",),
+              re.compile(r"^execute_(?:\d+_)?context_(\d+)\(([0-9_]+|(?:[a-z]+\d+)+)\)_generation_(\d+)\(([0-9_]+|(?:[a-z]+\d+)+)\)$"),
+              _vllm_context, _vllm_counts,
+              "vllm-project/vllm vllm/v1/worker/gpu_worker.py Worker.annotate_profile (and its detailed_trace_annotation "
+              "form execute_{N}_context_...)",
+              looks=re.compile(r"^execute_(?:\d+_)?context_")),
     PhaseRule("vllm-v1-new-cached", ("execute_new_",), re.compile(r"^execute_new_(\d+)_cached_(\d+)$"), _vllm_new_cached,
               lambda m: {"new_requests": int(m.group(1)), "cached_requests": int(m.group(2))},
               "vllm-project/vllm vllm/v1/worker/gpu_worker.py Worker.annotate_profile (older releases)"),
-    PhaseRule("sglang", ("step[",), re.compile(r"^step\[(prefill|decode|mixed|idle|[A-Z][A-Z0-9_]*)((?: [a-z_]+=[0-9.]+)*)\]$"),
+    PhaseRule("sglang", ("step[",),
+              re.compile(r"^step\[(prefill|decode|mixed|idle|extend|[A-Z][A-Z0-9_]*)((?: [a-z_]+=[0-9.]+)*)\]$"),
               _sglang_phase, _sglang_counts,
               "sgl-project/sglang python/sglang/srt/model_executor/model_runner.py _build_step_span_name"),
     PhaseRule("trtllm", ("[Executor] _forward_step", "_forward_step"),

@@ -16,10 +16,36 @@ TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".db", ".rpd", ".
 BUNDLE_FILES = ("manifest.json", "timings.json")  # a bundle's own files, not traces
 
 
+# vLLM's API-server (front-end) process writes its own trace beside the workers':
+# `<prefix>_<host>_<pid>.async_llm.<id>.pt.trace.json.gz`, no rank and no device work (vLLM >= 0.16,
+# `--profiler-config`); a worker's carries its coordinates, `dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_rank{r}`
+# (vllm/distributed/utils.py). A front-end trace is not a rank: kept apart and named in the result.
+FRONT_END_MARKS = (".async_llm.",)
+
+
+def is_front_end(name: str) -> bool:
+    return any(m in name for m in FRONT_END_MARKS)
+
+
 def is_trace_name(name: str) -> bool:
     """Whether a file in a run's directory (on disk or at a URL) is one of its rank traces: not a
-    bundle's own file, not hidden."""
-    return name.endswith(TRACE_SUFFIXES) and name not in BUNDLE_FILES and not name.startswith(".")
+    bundle's own file, not hidden, not an engine's front-end process."""
+    return (name.endswith(TRACE_SUFFIXES) and name not in BUNDLE_FILES and not name.startswith(".")
+            and not is_front_end(name))
+
+
+def front_end_files(path: str | Path) -> list[str]:
+    """The engine front-end traces in a run's directory, which `trace_files` leaves out."""
+    if remote.is_url(path):
+        return []  # listed only on disk; at a URL they are left out all the same
+    p = Path(path)
+    if not p.is_dir():
+        return []
+    try:
+        return sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES)
+                      and is_front_end(f.name))
+    except OSError:
+        return []
 
 
 def _trace_files(d: Path) -> list[Path]:
