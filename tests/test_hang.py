@@ -12,8 +12,6 @@ import os
 import pickle
 from pathlib import Path
 
-import pytest
-
 from commprobe.analyzers.hang import analyze_hang
 from tests.conftest import ROOT, run_cli
 
