@@ -61,6 +61,7 @@ class Verdict(enum.StrEnum):
 
     COMMUNICATION = "communication-bound"
     COMPUTE = "compute-bound"
+    DATA_MOVEMENT = "data-movement-bound"  # copies and memsets dominate: not compute
     HOST = "host/launch-bound"
     UNKNOWN = "unknown"
 
@@ -68,6 +69,25 @@ class Verdict(enum.StrEnum):
     def css(self) -> str:
         """A class name for the label (HTML): its first word."""
         return self.value.split("/")[0].split("-")[0]
+
+
+# Copy directions as each producer names its copies: Kineto and Nsight (`Memcpy HtoD (Pageable ->
+# Device)`, CUPTI's copy kinds), rocprofv3 (`MEMORY_COPY_HOST_TO_DEVICE`), RPD (`CopyHostToDevice`).
+COPY_DIRECTIONS = (
+    ("H2D", ("HtoD", "HOST_TO_DEVICE", "HostToDevice")),
+    ("D2H", ("DtoH", "DEVICE_TO_HOST", "DeviceToHost")),
+    ("D2D", ("DtoD", "DEVICE_TO_DEVICE", "DeviceToDevice")),
+    ("peer", ("PtoP", "PEER", "Peer")),
+    ("memset", ("Memset", "memset", "MEMSET", "Fill")),
+)
+
+
+def copy_direction(name: str) -> str:
+    """H2D, D2H, D2D, peer, memset, or other: the direction a copy's name says."""
+    for label, marks in COPY_DIRECTIONS:
+        if any(m in name for m in marks):
+            return label
+    return "other"
 
 
 # Every spelling of a collective that torch, NCCL, gloo, MPI or our own spans write, to one op name.

@@ -195,7 +195,7 @@ def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: d
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>commprobe report: {_esc(src['path'])}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} .communication{{color:#b00}}
-.host{{color:#a60}} .compute{{color:#060}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}
+.host{{color:#a60}} .data{{color:#a60}} .compute{{color:#060}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}
 code{{font-size:85%}}</style>
 <script>{get_plotlyjs()}</script></head><body>
 <h1>commprobe report</h1>

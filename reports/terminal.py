@@ -21,7 +21,8 @@ def render_analysis(result: dict, console: Console) -> None:
     for note in src.get("reader_notes", ()):
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     for phase, p in result["phases"].items():
-        style = {Verdict.COMMUNICATION: "bold red", Verdict.HOST: "bold yellow"}.get(p["verdict"], "bold green")
+        style = {Verdict.COMMUNICATION: "bold red", Verdict.HOST: "bold yellow", Verdict.DATA_MOVEMENT: "bold yellow"}.get(
+            p["verdict"], "bold green")
         console.print(f"[{style}]{escape(p['summary'])}[/]", highlight=False)
         for rec in p["recommendations"]:
             console.print(f"  - {escape(rec)}", highlight=False)

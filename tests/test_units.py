@@ -133,3 +133,20 @@ def test_verdict_follows_the_threshold_and_idle_rule():
     assert v(_rank("decode", 100, {"tp_allreduce": 19, "compute": 81}))["verdict"] == Verdict.COMPUTE
     assert v(_rank("decode", 100, {"compute": 40}, idle=60))["verdict"] == Verdict.HOST
     assert v(_rank("decode", 100, {"compute": 40}, idle=60, timeline="host"))["verdict"] == Verdict.COMPUTE
+
+
+def test_copies_dominating_are_data_movement_bound_naming_the_direction(tmp_path):
+    """A window that is mostly copies is not compute-bound (a real 2xH100 export read 97 % memcpy
+    as compute-bound): its own verdict, naming the direction from the copies' names."""
+    from commprobe.analyzers.analysis import analyze
+    from tests.kineto_events import HOST, ev, kernel, write
+
+    events = [ev("ProfilerStep#1", 0, 1000, HOST, "user_annotation"), kernel("gemm", 0, 30),
+              ev("Memcpy HtoD (Pageable -> Device)", 40, 800, 7, "gpu_memcpy"),
+              ev("Memcpy DtoH (Device -> Pageable)", 850, 100, 7, "gpu_memcpy")]
+    r = analyze(write(tmp_path / "rank0.json.gz", events))
+    step = r["phases"]["step"]
+    assert step["verdict"] == "data-movement-bound" and step["dominant"] == "memcpy"
+    assert "mostly host to device (H2D), 89% of copy time" in step["summary"]
+    assert any(rec.startswith("copies take 90% of step, mostly host to device") for rec in step["recommendations"])
+    assert r["ranks"][0]["device_work"]["copy_us_by_direction"] == {"D2H": 100.0, "H2D": 800.0}

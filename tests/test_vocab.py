@@ -61,7 +61,14 @@ def test_enums_name_the_json_words():
     assert CATEGORIES == ["compute", "tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm", "memcpy", "other",
                           "marker"]
     assert WORK_CATEGORIES == tuple(CATEGORIES[:7]) and Category.MARKER.key == "marker"
-    assert [v.css for v in Verdict] == ["communication", "compute", "host", "unknown"]
+    assert [v.css for v in Verdict] == ["communication", "compute", "data", "host", "unknown"]
+    import json
+
+    from tests.conftest import ROOT
+
+    schema = json.loads((ROOT / "analyzers" / "analysis.schema.json").read_text())
+    enum = schema["properties"]["phases"]["additionalProperties"]["properties"]["verdict"]["enum"]
+    assert sorted(enum) == sorted(str(v) for v in Verdict)
 
 
 @pytest.mark.parametrize("pure_python", [False, True])

@@ -37,6 +37,22 @@ def _graph_state(graphs: dict, rows: list[dict]) -> str:
     return "none"
 
 
+_DIRECTION_WORDS = {"H2D": "host to device (H2D)", "D2H": "device to host (D2H)", "D2D": "device to device (D2D)",
+                    "peer": "peer to peer", "memset": "memsets", "other": "copies of unknown direction"}
+
+
+def copy_direction_of(rows: list[dict]) -> str:
+    """The copy direction with the most time over the ranks (their device_work counts), in words."""
+    total: dict[str, float] = {}
+    for r in rows:
+        for d, us in (r.get("device_work") or {}).get("copy_us_by_direction", {}).items():
+            total[d] = total.get(d, 0.0) + us
+    if not total:
+        return _DIRECTION_WORDS["other"]
+    top = max(total, key=total.get)
+    return f"{_DIRECTION_WORDS[top]}, {total[top] / sum(total.values()):.0%} of copy time"
+
+
 def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict],
                   provenance: dict | None = None, graphs: dict | None = None) -> dict:
     provenance, graphs = provenance or {}, graphs or {}
@@ -58,6 +74,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         comm_share = sum(shares[c] for c in COMM_CATS)
         top_comm = max(COMM_CATS, key=lambda c: shares[c])
         graph = _graph_state(graphs, rows)
+        way = None
         notes = []
         if graph == "capture-only":
             notes.append("the trace records CUDA/HIP graph capture but no replay: profile serving steps, not the capture")
@@ -76,6 +93,12 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             summary = (f"{phase} is communication-bound: exposed communication is {comm_share:.0%} of end-to-end "
                        f"latency (threshold {threshold:.0%}), {LABEL[top_comm]} {shares[top_comm]:.0%}"
                        f"{axis_note(top_comm, provenance)}")
+        elif device and shares["memcpy"] > max(shares["compute"], shares["other"]):
+            way = copy_direction_of(rows)
+            verdict, dominant, share = Verdict.DATA_MOVEMENT, "memcpy", shares["memcpy"]
+            summary = (f"{phase} is data-movement-bound: copies and memsets are {shares['memcpy']:.0%} of end-to-end "
+                       f"latency, more than compute ({shares['compute']:.0%}); mostly {way}"
+                       f" (exposed communication {comm_share:.0%})")
         else:
             top = max(("compute", "memcpy", "other"), key=lambda c: shares[c])
             verdict, dominant, share = Verdict.COMPUTE, top, shares[top]
@@ -98,12 +121,14 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             "notes": notes,
             "graphs": graph,
             "recommendations": [] if notes else recommend(phase, shares, idle, device, threshold, matched, buckets,
-                                                          provenance, graph),
+                                                          provenance, graph, copies=way if verdict is Verdict.DATA_MOVEMENT
+                                                          else None),
         }
     return out
 
 
-def recommend(phase, shares, idle, device, threshold, matched, buckets, provenance=None, graph="none") -> list[str]:
+def recommend(phase, shares, idle, device, threshold, matched, buckets, provenance=None, graph="none",
+              copies: str | None = None) -> list[str]:
     """Advice per phase. Axis-specific advice only for an axis the trace declares or its ops imply
     (a category exists only then); communication of unknown axis gets no axis's advice."""
     provenance = provenance or {}
@@ -142,6 +167,17 @@ def recommend(phase, shares, idle, device, threshold, matched, buckets, provenan
         recs.append(f"communication of unknown axis (p2p send/recv or collectives on unnamed groups) is exposed for "
                     f"{shares['other_comm']:.0%} of {phase}: give the process groups names or descriptions that say "
                     f"tp/cp/ep/pp/dp, so the time can be attributed to an axis")
+    if copies:
+        what = {"host to device": "keep weights and KV cache resident on the device, pin host buffers and copy "
+                                  "asynchronously on a side stream, overlapping compute",
+                "device to host": "take results off the device less often: .item()/.cpu()/.tolist() in the step loop "
+                                  "each copy and synchronise",
+                "device to device": "copies inside the device (contiguous(), cat, dtype casts): fuse them into the "
+                                    "kernels or keep layouts that need none",
+                "peer": "peer copies: route them through the collective library (NVLink/XGMI) or overlap them",
+                "memsets": "memsets: reuse zeroed buffers instead of clearing them every step"}
+        advice = next((v for k, v in what.items() if copies.startswith(k)), "find what copies and why in the trace")
+        recs.append(f"copies take {shares['memcpy']:.0%} of {phase}, mostly {copies}: {advice}")
     if device and idle > IDLE_BOUND:
         if graph == "replays":  # it already replays graphs: the idle is between replays, not launch overhead
             recs.append(f"the device is idle {idle:.0%} of {phase} although the step replays CUDA/HIP graphs: the "
