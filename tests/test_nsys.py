@@ -134,9 +134,10 @@ TABLES = {CLOVER: ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KI
           SAXPY: ("NVTX_EVENTS",)}
 
 
-def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False) -> None:
+def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False, torchrun: bool = False) -> None:
     """An export with the real files' table definitions (sqlite_master), two processes = two ranks
-    (one_process: one process driving one GPU per rank, its threads one per rank)."""
+    (one_process: one process driving one GPU per rank, its threads one per rank; torchrun: each
+    process on the device of its local rank, threads not named, the later rank with the lower pid)."""
     db = sqlite3.connect(path)
     for src, tables in TABLES.items():
         for name in tables:
@@ -155,10 +156,12 @@ def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False) 
     kcols = [r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")]
     mcols = [r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_MEMCPY)")]
     for rank in ranks:
-        pid = 4000 if one_process else 4000 + rank
+        pid = 4000 if one_process else 4000 + (len(ranks) - 1 - rank if torchrun else rank)
         gpid, gtid = (1 << 56) | (pid << 24), (1 << 56) | (pid << 24) | (pid + 5 + rank)
-        device, offset = (rank, 10_000 * rank) if one_process else (0, 0)  # one process: distinct correlation ids
-        db.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, 0, ?)", (sid(f"NCCL rank {rank}"), gtid))
+        device, offset = (rank, 10_000 * rank) if one_process else (rank if torchrun else 0, 0)
+        if not torchrun:
+            db.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, 0, ?)",
+                       (sid(f"NCCL rank {rank}"), gtid))
         for e in scenario(rank):
             if e["kind"] == "kernel":
                 row = dict(start=e["start"], end=e["end"], deviceId=device, contextId=1, streamId=7,
@@ -280,3 +283,18 @@ def test_a_process_driving_two_gpus_is_two_ranks_with_their_own_launches(tmp_pat
         assert sorted(t.arg_corr[r].tolist()) == sorted(t.arg_corr[np.concatenate([k, _named(t, "gpu_memcpy")[0]])].tolist())
     a = analyze(p)
     assert [r["rank"] for r in a["ranks"]] == [0, 1] and a["kernel_links"]["comm_kernels"] == 16
+
+
+def test_a_multi_process_export_with_no_rank_recorded_takes_ranks_from_devices(tmp_path):
+    """torchrun's local rank is the device: where nothing records a rank, the device index is a
+    better guess than the order of first work (here the later rank's process has the lower pid and
+    would come first), and the result says which rule chose the ranks."""
+    if not CLOVER.exists():
+        pytest.skip("../shared/traces/hpcgroup-pipit is not here")
+    p = tmp_path / "torchrun.sqlite"
+    write_nsys(p, torchrun=True)
+    ranks = list(traces_in(p))
+    assert [(t.extra["pid"], t.extra["device"], t.rank, t.extra["rank_rule"]) for t in ranks] == \
+        [(4000, 1, 1, "the device index"), (4001, 0, 0, "the device index")]
+    a = analyze(p)
+    assert any("no rank recorded; ranks from the device index" in n for n in a["source"]["reader_notes"])

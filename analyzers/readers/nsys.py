@@ -140,7 +140,8 @@ def load_exports(path: str | Path, rank_from: str | None = None):
         if not parts:
             raise TraceError(f"{path}: an Nsight Systems export without CUDA kernels, copies or runtime calls")
         yield from each_part(path, parts, "pid={},device={}", ex.thread_rank, rank_from,
-                             lambda pid, dev, rank, first, label: _load_part(ex, pid, dev, rank, first, label))
+                             lambda pid, dev, rank, first, label: _load_part(ex, pid, dev, rank, first, label),
+                             device_index=lambda pid, dev: dev if dev >= 0 else None)
     finally:
         ex.db.close()
 

@@ -18,30 +18,49 @@ from .model import Trace, TraceError, codes, rank_in_name
 from .native import Refused
 
 
-def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | None) -> int:
-    """`--rank-from` on the file name (plus the part's index), else the process's own rank, else
-    `rank N` in the file name (plus the index), else the index."""
+def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | None,
+             device: int | None = None) -> tuple[int, str]:
+    """(rank, the rule that chose it): `--rank-from` on the file name (plus the part's index), else
+    the process's own rank, else `rank N` in the file name (plus the index), else the part's device
+    index where every part has its own (torchrun's local rank is the device: a better guess than
+    the order), else the order of first work."""
     if rank_from:
         m = re.search(rank_from, path.name)
         if not m or not m.groups() or not (m.group(1) or "").isdigit():
             raise TraceError(f"{path}: --rank-from {rank_from!r} does not match the file name with a number as "
                              f"its first group")
-        return int(m.group(1)) + index
+        return int(m.group(1)) + index, "--rank-from"
     if from_process is not None:
-        return from_process
+        return from_process, "the process's own rank"
     named = rank_in_name(path.name)
-    return named + index if named is not None else index
+    if named is not None:
+        return named + index, "the file name"
+    if device is not None:
+        return device, "the device index"
+    return index, "the order of first work"
 
 
 def each_part(path: Path, parts: list[tuple[int, int]], unit: str, own_rank: Callable[[int], int | None],
-              rank_from: str | None, load: Callable[..., Trace]) -> Iterator[Trace]:
+              rank_from: str | None, load: Callable[..., Trace],
+              device_index: Callable[[int, int], int | None] | None = None) -> Iterator[Trace]:
     """One Trace per (process, device) pair of a database, one at a time: `load(pid, device, rank,
-    first_of_process, label)`; `unit` names the pair in labels ("pid={},device={}")."""
+    first_of_process, label)`; `unit` names the pair in labels ("pid={},device={}"). `device_index`:
+    the pair's device as an index (CUDA device id), used for the rank when nothing better names it
+    and every part has a distinct one. Each trace says which rule chose its rank (`rank_rule`)."""
+    idx = [device_index(pid, dev) if device_index else None for pid, dev in parts]
+    if None in idx or len(set(idx)) != len(idx):
+        idx = [None] * len(parts)
     seen: set[int] = set()
     for i, (pid, dev) in enumerate(parts):
         label = str(path) if len(parts) == 1 else f"{path}#{unit.format(pid, dev)}"
-        yield load(pid, dev, rank_for(path, i, rank_from, own_rank(pid)), pid not in seen, label)
+        rank, rule = rank_for(path, i, rank_from, own_rank(pid), idx[i])
+        t = load(pid, dev, rank, pid not in seen, label)
+        t.extra["rank_rule"] = rule
+        if len(parts) > 1 and rule in ("the device index", "the order of first work"):
+            t.extra.setdefault("notes", []).append(f"{path.name}: no rank recorded; ranks from {rule} "
+                                                   f"(--rank-from REGEX names them from the file name)")
         seen.add(pid)
+        yield t
 
 
 @dataclass
