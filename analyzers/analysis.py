@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from commprobe.common.bundle import read_manifest, single_manifest, sub_bundles, telemetry_path
+from commprobe.common.errors import InputError
 from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
 from .cross_rank import matching
@@ -221,3 +222,39 @@ def compare(a: dict, b: dict) -> dict:
                           "b_median_us": r["median_us"], "ratio": ratio(o["median_us"], r["median_us"])})
     return {"schema": "commprobe.compare/1", "a": a["source"]["path"], "b": b["source"]["path"],
             "phases": phases, "message_sizes": sizes}
+
+
+def report_inputs(path: str | Path, other: str | Path | None = None) -> dict:
+    """What `commprobe report` renders, gathered in one place: the analysis (the first backend's of a
+    multi-backend bundle), the analyses to compare (per backend, or the two runs `path` and `other`)
+    with analysis.compare of each against the first, and the hang diagnosis where the bundle holds
+    Flight Recorder records. A bundle that hung before writing any trace has only the latter
+    (`result` None)."""
+    from .hang import analyze_hang
+
+    hang = None
+    if not remote.is_url(path) and (Path(path) / "flight_recorder").is_dir():
+        hang = analyze_hang(path)
+    if other is not None:
+        a, b = load_result(path), load_result(other)
+        la, lb = Path(str(path)).name or "A", Path(str(other)).name or "B"
+        if la == lb:
+            la, lb = f"A: {la}", f"B: {lb}"
+        by_label = {la: a, lb: b}
+    else:
+        try:
+            by_label = analyze_backends(path) or {}
+        except InputError:
+            by_label = {}
+        if not by_label:
+            try:
+                by_label = {"": load_result(path)}
+            except InputError:
+                if hang is None:
+                    raise
+                return {"result": None, "by_label": {}, "comparisons": {}, "hang": hang}
+    labels = list(by_label)
+    first = by_label[labels[0]]
+    comparisons = {lb: compare(first, by_label[lb]) for lb in labels[1:]}
+    return {"result": first, "by_label": by_label if len(by_label) > 1 else {}, "comparisons": comparisons,
+            "hang": hang}

@@ -162,33 +162,40 @@ def analyze(
 @app.command()
 def report(
     path: str = typer.Argument(..., help="A run bundle (several backends: all compared), trace(s), or an analysis JSON."),
+    other: str | None = typer.Argument(None, help="A second run to compare against the first (B against A)."),
     output: str = typer.Option("report.html", "-o", "--output", help="Where to write the HTML report."),
     json_out: bool = typer.Option(False, "--json", help="Print the analysis result as JSON instead of the summary."),
     plan_file: str | None = typer.Option(None, "--plan", help="A `commprobe plan --json` result: adds the what-if panel."),
 ) -> None:
-    """One self-contained HTML report (plotly.js embedded) of an analysis, plus the terminal summary."""
+    """One self-contained HTML report (plotly.js embedded) of an analysis, plus the terminal summary;
+    two backends or two runs get a comparison page."""
     import json
     from pathlib import Path
 
-    from commprobe.analyzers.analysis import analyze_backends, load_result
-    from commprobe.reports.html import render_html
-    from commprobe.reports.terminal import render_analysis
+    from commprobe.analyzers.analysis import report_inputs
+    from commprobe.reports.html import render_hang_page, render_html
+    from commprobe.reports.terminal import render_analysis, render_hang
 
     plan = None
     if plan_file:
         from commprobe.plan.request import load_plan_doc
 
         plan = load_plan_doc(plan_file)
-    by_backend = analyze_backends(path)  # a bundle with several backends: report the first, chart all
-    result = next(iter(by_backend.values())) if by_backend else load_result(path)
+    got = report_inputs(path, other)
+    result = got["result"]
+    page = (render_html(result, got["by_label"], plan, got["comparisons"], got["hang"]) if result is not None
+            else render_hang_page(got["hang"]))
     try:
-        Path(output).write_text(render_html(result, by_backend, plan), encoding="utf-8")
+        Path(output).write_text(page, encoding="utf-8")
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror or e}", code=1)
     if json_out:
-        print(json.dumps(result, indent=1))
+        print(json.dumps(result if result is not None else got["hang"], indent=1))
         return
-    render_analysis(result, console)
+    if got["hang"]:
+        render_hang(got["hang"], console)
+    if result is not None:
+        render_analysis(result, console)
     say(f"report: {output}")
 
 

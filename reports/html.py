@@ -13,14 +13,12 @@ import json
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from commprobe.common.vocab import WORK_CATEGORIES, Verdict
+from commprobe.common.vocab import WORK_CATEGORIES
+
+from .sections import comparison_section, engine_phases_section, hang_section, timelines_figure
+from .sections import verdict_class as _verdict_class
 
 CATS = WORK_CATEGORIES
-
-
-def _verdict_class(label: str) -> str:
-    """The CSS class of a verdict label (one the analyzer wrote; anything else gets none)."""
-    return Verdict(label).css if label in set(Verdict) else ""
 COLORS = {"compute": "#4c78a8", "tp_allreduce": "#e45756", "cp_ring": "#f58518", "ep_all_to_all": "#b279a2",
           "other_comm": "#ff9da6", "memcpy": "#9d755d", "other": "#bab0ac", "straggler wait": "#eeca3b",
           "idle": "#d9d9d9"}
@@ -67,8 +65,10 @@ def _sizes_figure(by_label: dict[str, dict], title: str, height: int) -> go.Figu
                             y=[b["median_us"] for b in bs], mode="lines+markers")
             fig.add_scatter(name=f"{prefix}{op} busbw", x=[b["bucket_bytes"] for b in bs],
                             y=[b["busbw_GBps"] for b in bs], mode="lines+markers", yaxis="y2", line={"dash": "dot"})
-    fig.update_layout(title=title, xaxis={"type": "log", "title": "bytes"}, yaxis={"type": "log", "title": "median µs"},
-                      yaxis2={"type": "log", "title": "busbw GB/s", "overlaying": "y", "side": "right"}, height=height)
+    fig.update_layout(title=title, xaxis={"type": "log", "title": "bytes", "tickformat": "~s"},
+                      yaxis={"type": "log", "title": "median µs", "tickformat": "~s"},
+                      yaxis2={"type": "log", "title": "busbw GB/s", "overlaying": "y", "side": "right", "tickformat": ".2~g"},
+                      height=height, legend={"orientation": "h", "y": -0.2})
     return fig
 
 
@@ -121,13 +121,15 @@ def telemetry_figure(result: dict) -> go.Figure | None:
         fig.add_scatter(name=label, x=[(t - t0) / 1e6 for t in s["t_us"]], y=s["v"], mode="lines",
                         row=units.index(s["unit"]) + 1, col=1)
     colors = {"prefill": "rgba(69,117,180,0.18)", "decode": "rgba(244,109,67,0.12)"}
-    for phase, spans in wins.items():
+    # labels of adjacent bands must not overlap at any width: alternate their corners
+    corners = ("top left", "top right", "bottom left", "bottom right")
+    for n, (phase, spans) in enumerate(wins.items()):
         if not spans:
             continue
         # One shaded band per phase (decode steps are back to back), from its first to its last window.
         fig.add_vrect(x0=(spans[0][0] - t0) / 1e6, x1=(spans[-1][1] - t0) / 1e6, line_width=0,
                       fillcolor=colors.get(phase, "rgba(120,120,120,0.12)"), annotation_text=phase,
-                      annotation_position="top left")
+                      annotation_position=corners[n % len(corners)])
     fig.update_layout(title="Telemetry aligned to the phases (s from the first phase; shaded: rank 0's phase windows)",
                       height=240 * len(units) + 80)
     fig.update_xaxes(title_text="s", row=len(units), col=1)
@@ -151,20 +153,35 @@ def plan_panel(plan: dict | None) -> str:
             + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
 
 
+def _compared(by_label: dict[str, dict]) -> str:
+    """The header of a comparison page: every backend (or run) and where it was read."""
+    if len(by_label) < 2:
+        return ""
+    return "compared: " + ", ".join(f"{lb} ({res['source']['path']})" for lb, res in by_label.items())
+
+
 def _read_as(src: dict) -> str:
     formats = src.get("formats") or {}
     return ("; read as " + ", ".join(f"{f} ({n})" for f, n in formats.items())) if formats else ""
 
 
-def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: dict | None = None) -> str:
-    """`by_backend`: analyses of the same run per backend (a multi-backend bundle), for the comparison
-    chart; `plan`: a `commprobe plan --json` result, for the what-if panel."""
+def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: dict | None = None,
+                comparisons: dict[str, dict] | None = None, hang: dict | None = None) -> str:
+    """`by_backend`: analyses per backend of one run (a multi-backend bundle) or of two runs
+    (`report A B`), for the comparison; `comparisons`: label -> analysis.compare(first, that);
+    `plan`: a `commprobe plan --json` result, for the what-if panel; `hang`: the bundle's hang
+    diagnosis (analyzers/hang.py), shown first."""
+    by_backend = by_backend or {}
     figs = [("breakdown", breakdown_figure(result))]
+    if len(by_backend) > 1:
+        f = timelines_figure(by_backend, "decode")
+        if f is not None:
+            figs.append(("timeline-compare-decode", f))
     for phase in result["phases"]:
         f = timeline_figure(result, phase)
         if f is not None:
             figs.append((f"timeline-{phase}", f))
-    f = backends_figure(by_backend or {})
+    f = backends_figure(by_backend)
     if f is not None:
         figs.append(("backends", f))
     elif result["message_sizes"]:
@@ -199,11 +216,14 @@ def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: d
 code{{font-size:85%}}</style>
 <script>{get_plotlyjs()}</script></head><body>
 <h1>commprobe report</h1>
-<p>{_esc(src['path'])}: {len(src['files'])} rank trace(s), {src['uncompressed_bytes'] / 1e6:.1f} MB analyzed;
+{hang_section(hang)}
+<p>{_esc(_compared(by_backend) or src['path'])}: {len(src['files'])} rank trace(s){' each' if len(by_backend) > 1 else ''}, {src['uncompressed_bytes'] / 1e6:.1f} MB analyzed;
 threshold {result['threshold']:.0%}{_esc(_read_as(src))}.</p>
+{comparison_section(by_backend, comparisons or {}) if len(by_backend) > 1 else ''}
 {''.join(f'<p class="host">note: {_esc(n)}</p>' for n in src.get('reader_notes', ()))}
-<h2>Verdict</h2><ul id="verdicts">{verdicts}</ul>
+<h2>Verdict{_esc(f" ({next(iter(by_backend))})") if len(by_backend) > 1 else ''}</h2><ul id="verdicts">{verdicts}</ul>
 {f'<ul id="notes">{notes}</ul>' if notes else ''}
+{engine_phases_section(result)}
 <h2>How each axis was decided</h2>
 <p>declared: our spans or a process group that names its axis; inferred: from the op (allreduce: TP,
 all-to-all: EP; a collective in a gradient hook: DP); unknown: nothing says (p2p send/recv, unnamed groups).</p>
@@ -214,5 +234,17 @@ all-to-all: EP; a collective in a gradient hook: DP); unknown: nothing says (p2p
 <h2>Unclassified events ({result['unclassified']['count']})</h2><table id="unclassified">{unknown}</table>
 <h2>Run manifest</h2><table id="manifest">{man_rows or '<tr><td>(not a commprobe bundle)</td></tr>'}</table>
 <script>{plots}</script>
+</body></html>
+"""
+
+
+def render_hang_page(hang: dict) -> str:
+    """A run that hung before writing any trace: its findings alone, on a page of the same look."""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>commprobe report: {_esc(hang['source'])}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} .communication{{color:#b00}}
+table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}</style></head><body>
+<h1>commprobe report</h1><p>{_esc(hang['source'])}: no trace was written (the run did not finish).</p>
+{hang_section(hang)}
 </body></html>
 """

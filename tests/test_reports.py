@@ -80,11 +80,7 @@ def test_report_of_a_two_backend_run_has_every_chart(ab_bundle, tmp_path):
 
 def test_report_draws_in_headless_chromium(tmp_path, ab_bundle):
     """The charts really draw (plotly's SVG is in the live DOM) and no script error is logged."""
-    import shutil
-
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not browser:
-        pytest.skip("Chromium not installed (Debian package 'chromium'); the report is checked without a browser")
+    browser = _browser()
     for r in (0, 1):
         _trace(tmp_path / f"rank{r}.json.gz", r)
     page = tmp_path / "report.html"
@@ -93,7 +89,100 @@ def test_report_draws_in_headless_chromium(tmp_path, ab_bundle):
     real = tmp_path / "real.html"
     r = run_cli("report", str(ab_bundle), "-o", str(real))
     assert r.returncode == 0, r.stderr
-    _chromium_draws(browser, real, tmp_path, charts=5)
+    _chromium_draws(browser, real, tmp_path, charts=6)
+
+
+def _browser():
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        pytest.skip("Chromium not installed (Debian package 'chromium'); the report is checked without a browser")
+    return browser
+
+
+def _screenshot_is_drawn(browser, page, tmp_path) -> None:
+    """A full-width screenshot of the page is not blank: many distinct colours, not one background."""
+    import subprocess
+    import zlib
+
+    png = tmp_path / f"{page.stem}.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'shot-profile'}", "--virtual-time-budget=5000", "--window-size=1280,1600",
+             f"--screenshot={png}", page.as_uri()]
+    subprocess.run([browser, *flags], capture_output=True, timeout=120)
+    data, pos, idat = png.read_bytes(), 8, b""
+    while pos < len(data):  # PNG chunks: length, type, data, crc
+        n = int.from_bytes(data[pos:pos + 4], "big")
+        if data[pos + 4:pos + 8] == b"IDAT":
+            idat += data[pos + 8:pos + 8 + n]
+        pos += 12 + n
+    pixels = zlib.decompress(idat)
+    assert len(set(pixels[i:i + 3] for i in range(0, len(pixels) - 3, 997))) > 50
+
+
+def test_a_two_backend_bundle_page_compares_them_in_a_browser(tmp_path, ab_bundle):
+    """The mission's comparison on the page: both backends' verdicts side by side and the B/A
+    breakdown (the numbers `compare` computes), checked in the live DOM of headless Chromium; the
+    screenshot is not blank."""
+    browser = _browser()
+    page = tmp_path / "ab.html"
+    r = run_cli("report", str(ab_bundle), "-o", str(page))
+    assert r.returncode == 0, r.stderr
+    dom = _chromium_draws(browser, page, tmp_path, charts=6)
+    verdicts = dom[dom.index('id="comparison-verdicts"'):]
+    verdicts = verdicts[:verdicts.index("</table>")]
+    assert "<th>gloo</th>" in verdicts and "<th>dda</th>" in verdicts and verdicts.count("-bound") >= 4
+    a = json.loads(run_cli("analyze", str(ab_bundle / "gloo"), "--json").stdout)
+    b = json.loads(run_cli("analyze", str(ab_bundle / "dda"), "--json").stdout)
+    cmp = json.loads(run_cli("compare", str(ab_bundle / "gloo"), str(ab_bundle / "dda"), "--json").stdout)
+    ba = dom[dom.index('id="ba-dda"'):]
+    ba = ba[:ba.index("</table>")]
+    ratio = cmp["phases"]["decode"]["ratio"]
+    assert f"{ratio:.2f}×" in ba  # the ratio compare computed, rendered, not recomputed
+    assert a["phases"]["decode"]["verdict"] in verdicts and b["phases"]["decode"]["verdict"] in verdicts
+    assert "compared: gloo (" in dom and "dda (" in dom  # the header names both, not only gloo
+    _screenshot_is_drawn(browser, page, tmp_path)
+    # two runs side by side: `report A B`
+    two = tmp_path / "two.html"
+    r = run_cli("report", str(ab_bundle / "gloo"), str(ab_bundle / "dda"), "-o", str(two))
+    assert r.returncode == 0 and 'id="ba-dda"' in two.read_text()
+
+
+def test_engine_phases_and_hang_findings_are_on_the_page(tmp_path):
+    """An engine trace's page shows its phases with their step counts and rule; a hung bundle's
+    page leads with the findings."""
+    browser = _browser()
+    steps = [ev("execute_context_2(40)_generation_0(0)", 0, 900, HOST, "user_annotation"),
+             ev("execute_context_0(0)_generation_2(2)", 1000, 400, HOST, "user_annotation"),
+             ev("execute_context_0(0)_generation_2(2)", 1500, 400, HOST, "user_annotation"),
+             kernel("gemm", 10, 800), kernel("gemm", 1010, 300), kernel("gemm", 1510, 300)]
+    d = tmp_path / "vllm"
+    d.mkdir()
+    write(d / "rank0.json.gz", steps)
+    page = tmp_path / "vllm.html"
+    assert run_cli("report", str(d), "-o", str(page)).returncode == 0
+    dom = _chromium_draws(browser, page, tmp_path, charts=2)
+    table = dom[dom.index('id="engine-phases"'):]
+    table = table[:table.index("</table>")]
+    assert "<th>prefill</th><td>1</td><td>1</td>" in table and "<th>decode</th><td>2</td><td>2</td>" in table
+    assert "vllm-v1" in dom
+    # a hung run's bundle: the Flight Recorder findings (NCCL-format dumps, as torch's tests write them)
+    from tests.test_hang import _dump, _entry, _write
+
+    hung = tmp_path / "hung"
+    _write(hung, 0, _dump([_entry(1, "all_reduce"), _entry(2, "all_reduce", state="scheduled")]))
+    _write(hung, 1, _dump([_entry(1, "all_reduce")]))
+    (hung / "manifest.json").write_text(json.dumps({"schema": "commprobe.bundle/1", "traces": []}))
+    (hung / "flight_recorder").mkdir()
+    for f in list(hung.glob("nccl_trace_rank_*")):
+        f.rename(hung / "flight_recorder" / f.name)
+    hp = tmp_path / "hung.html"
+    r = run_cli("report", str(hung), "-o", str(hp))
+    assert r.returncode == 0, r.stderr
+    text = hp.read_text()
+    assert 'id="hang-findings"' in text and "missing_rank" in text and "never entered all_reduce seq 2" in text
 
 
 def _chromium_draws(browser, page, tmp_path, charts):
@@ -108,3 +197,4 @@ def _chromium_draws(browser, page, tmp_path, charts):
     dom = r.stdout
     assert dom.count('class="main-svg"') >= 2 * charts  # plotly draws two SVG layers per chart
     assert "Uncaught" not in r.stderr and "alert(1)" not in dom.replace("&lt;script&gt;alert(1)&lt;/script&gt;", "")
+    return dom

@@ -1,0 +1,132 @@
+"""Sections of the HTML report beyond one analysis: the comparison of backends or runs, the engine's
+phases, and a hang's findings. Each renders numbers the analyzers (analysis.compare,
+analyzers/hang.py) computed; nothing here computes a share or a ratio of its own. Every string
+from a trace, a manifest or a dump is escaped where it lands."""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+
+from commprobe.common.vocab import WORK_CATEGORIES, Verdict
+
+COLORS = {"compute": "#4c78a8", "tp_allreduce": "#e45756", "cp_ring": "#f58518", "ep_all_to_all": "#b279a2",
+          "other_comm": "#ff9da6", "memcpy": "#9d755d", "other": "#bab0ac"}
+
+
+def esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def verdict_class(label: str) -> str:
+    """The CSS class of a verdict label (one the analyzer wrote; anything else gets none)."""
+    return Verdict(label).css if label in set(Verdict) else ""
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+def _us(x) -> str:
+    return "–" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _ratio(x) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def comparison_section(by_label: dict[str, dict], comparisons: dict[str, dict]) -> str:
+    """Verdict per backend (or run) and phase side by side, then per phase the breakdown of B against
+    A per category (`comparisons`: label -> analysis.compare(first, that), B/A as compare wrote it)."""
+    labels = list(by_label)
+    phases = list(dict.fromkeys(ph for res in by_label.values() for ph in res["phases"]))
+    head = "".join(f"<th>{esc(lb)}</th>" for lb in labels)
+    rows = []
+    for ph in phases:
+        cells = []
+        for lb in labels:
+            p = by_label[lb]["phases"].get(ph)
+            cells.append("<td>–</td>" if p is None else
+                         f'<td class="{verdict_class(p["verdict"])}"><b>{esc(p["verdict"])}</b><br>exposed communication '
+                         f'{_pct(p["exposed_comm_share"])}; {esc(p["dominant"])} {_pct(p["dominant_share"])}<br>'
+                         f'{_us(p["e2e_us_per_window"])} µs per window</td>')
+        rows.append(f"<tr><th>{esc(ph)}</th>{''.join(cells)}</tr>")
+    out = [f'<h2>Comparison: {esc(" vs ".join(labels))}</h2>',
+           f'<table id="comparison-verdicts"><tr><th>phase</th>{head}</tr>{"".join(rows)}</table>']
+    first = labels[0]
+    for lb, cmp in comparisons.items():
+        body = []
+        for ph, p in cmp["phases"].items():
+            body.append(f'<tr class="phase"><th>{esc(ph)}</th><td>{_us(p["a_e2e_us"])}</td><td>{_us(p["b_e2e_us"])}</td>'
+                        f'<td><b>{_ratio(p["ratio"])}</b></td><td>{esc(p["a_verdict"])} → {esc(p["b_verdict"])}</td></tr>')
+            for c in WORK_CATEGORIES:
+                v = p["categories"][c]
+                if v["a_us"] or v["b_us"]:
+                    body.append(f"<tr><td>&nbsp;&nbsp;{esc(c)}</td><td>{_us(v['a_us'])}</td><td>{_us(v['b_us'])}</td>"
+                                f"<td>{_ratio(v['ratio'])}</td><td></td></tr>")
+        out.append(f'<h3>{esc(lb)} against {esc(first)} (exposed µs per window; B/A &lt; 1: {esc(lb)} faster)</h3>'
+                   f'<table class="ba" id="ba-{esc(lb)}"><tr><th>phase / category</th><th>{esc(first)}</th>'
+                   f'<th>{esc(lb)}</th><th>B/A</th><th>verdict</th></tr>{"".join(body)}</table>')
+    return "".join(out)
+
+
+def timelines_figure(by_label: dict[str, dict], phase: str) -> go.Figure | None:
+    """One window of `phase` per rank and backend (or run), on one time scale (µs from each window's
+    start): what ran when, side by side."""
+    rows = [(lb, r["rank"], r["segments"][phase]) for lb, res in by_label.items() for r in res["ranks"]
+            if phase in r.get("segments", {})]
+    if len({lb for lb, _, _ in rows}) < 2:
+        return None
+    fig = go.Figure()
+    for c in WORK_CATEGORIES:
+        ys, xs, bases = [], [], []
+        for lb, rank, seg in rows:
+            for a, b in seg["by_category"].get(c, []):
+                ys.append(f"{lb} · rank {rank}")
+                xs.append(b - a)
+                bases.append(a)
+        if xs:
+            fig.add_bar(name=c, y=ys, x=xs, base=bases, orientation="h", marker_color=COLORS[c])
+    fig.update_layout(barmode="overlay", height=max(300, 140 + 36 * len(rows)), legend_title="category",
+                      title=f"One {phase} window per rank and {'backend' if len(by_label) else 'run'}, one time scale "
+                            f"(µs from the window's start)", xaxis={"title": "µs", "tickformat": "~s"})
+    fig.update_yaxes(categoryorder="category descending")
+    return fig
+
+
+def engine_phases_section(result: dict) -> str:
+    """The windows per phase with the engine's own step counts and the rule that chose them."""
+    ranks = result.get("ranks") or []
+    rule = (ranks[0].get("phase_rule") or {}) if ranks else {}
+    steps = rule.get("engine_steps") or {}
+    if not steps:
+        return ""
+    keys = sorted({k for st in steps.values() for k in st if k != "steps"})
+    head = "".join(f"<th>{esc(k.replace('_', ' '))}</th>" for k in keys)
+    body = "".join(
+        f"<tr><th>{esc(ph)}</th><td>{result['phases'].get(ph, {}).get('windows', '–')}</td><td>{st.get('steps', 0)}</td>"
+        + "".join(f"<td>{st.get(k, 0)}</td>" for k in keys) + "</tr>" for ph, st in steps.items())
+    malformed = rule.get("malformed", 0)
+    return (f'<h2>Engine phases</h2><p>Windows chosen by the rule <code>{esc(rule.get("rule"))}</code> '
+            f'({esc(rule.get("source"))}); rank {ranks[0]["rank"]}\'s engine steps'
+            + (f"; {malformed} step annotation(s) that did not parse: "
+               + ", ".join(f"<code>{esc(n)}</code>" for n in rule.get("malformed_names", [])) if malformed else "")
+            + f'.</p><table id="engine-phases"><tr><th>phase</th><th>windows</th><th>steps</th>{head}</tr>{body}</table>')
+
+
+def hang_section(hang: dict | None) -> str:
+    """A hang's findings (commprobe.hang/1), first on the page: the run did not finish."""
+    if not hang:
+        return ""
+    rows = []
+    for f in hang["findings"]:
+        stacks = "<br>".join(f"rank {esc(r)}: <code>{esc(s['file'])}:{s['line']}</code> ({esc(s['name'])})" if s
+                             else f"rank {esc(r)}: ?" for r, s in f["stacks"].items())
+        rows.append(f"<tr><td><b>{esc(f['kind'])}</b></td><td>{esc(f['axis'] or '')} group {esc(f['ranks'])}</td>"
+                    f"<td>{esc(f['op'] or '')}</td><td>{esc(f['seq'] if f['seq'] is not None else '')}</td>"
+                    f"<td>{esc(f['summary'])}</td><td>{stacks}</td></tr>")
+    notes = "".join(f"<li>{esc(n)}</li>" for n in hang.get("notes", []))
+    return ('<h2 class="communication">The run hung: Flight Recorder findings</h2>'
+            '<table id="hang-findings"><tr><th>finding</th><th>group</th><th>op</th><th>seq</th><th>what</th>'
+            f'<th>where each rank waits</th></tr>{"".join(rows)}</table>' + (f"<ul>{notes}</ul>" if notes else ""))
