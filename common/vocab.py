@@ -127,6 +127,6 @@ HOST_OP_HINTS = ("reduce", "gather", "scatter", "all_to_all", "alltoall", "broad
                  "multimem", "commprobe/comm", "bcast")
 KERNEL_HINTS = ("nccl", "rccl", "all_reduce", "allreduce", "all_gather", "allgather", "deep_ep", "mscclpp", "dda",
                 "commprobe", "cross_device_reduce", "lamport", "ep::", "internode", "intranode", "get_dispatch_layout",
-                "nvshmem", "mori")
+                "nvshmem", "mori", "shm_")
 NAME_HINTS = tuple(dict.fromkeys((*HOST_OP_HINTS, *KERNEL_HINTS)))
 LAUNCH_HINT = "launch"  # cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel, cudaGraphLaunch, ...: correlation only
