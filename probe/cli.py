@@ -249,6 +249,51 @@ def gate(
 
 
 @app.command()
+def capture(
+    url: str = typer.Argument(..., help="The server's base URL, e.g. http://127.0.0.1:8000"),
+    engine: str = typer.Option("auto", help="auto, vllm, sglang or trtllm (auto asks the server)."),
+    requests: int = typer.Option(8, help="Requests to send while profiling."),
+    concurrency: int = typer.Option(2, help="Requests in flight at once."),
+    prompt_len: int = typer.Option(32, help="Prompt tokens per request (the server's tokenizer, where it answers /tokenize)."),
+    max_tokens: int = typer.Option(16, help="Tokens generated per request."),
+    trace_dir: str | None = typer.Option(None, help="Where the server's profiler writes its traces."),
+    out: str | None = typer.Option(None, "--out", help="The bundle to write (default runs/capture-TIMESTAMP)."),
+    timeout: float = typer.Option(300.0, help="Seconds to wait for requests and for the traces."),
+    json_out: bool = typer.Option(False, "--json", help="Print the analysis and the capture facts as JSON."),
+) -> None:
+    """Profile a live inference server under a known load, collect every rank's trace into a bundle, analyze it."""
+    import json
+    import time
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from commprobe.analyzers.analysis import analyze as run_analysis
+    from commprobe.probe.capture import CaptureConfig, client_summary
+    from commprobe.probe.capture import capture as run_capture
+    from commprobe.reports.terminal import render_analysis, render_next_steps
+
+    cfg = CaptureConfig(url, engine, requests, concurrency, prompt_len, max_tokens, trace_dir,
+                        out or f"runs/capture-{time.strftime('%Y%m%d-%H%M%S')}", timeout)
+    with Progress(console=Console(stderr=True), transient=True, disable=json_out) as bar:
+        task = bar.add_task("requests", total=requests)
+        cap = run_capture(cfg, on_status=lambda s: bar.update(task, description=s),
+                          on_request=lambda done, total: bar.update(task, completed=done))
+    result = run_analysis(cap.bundle)
+    facts = {"engine": cap.engine, "version": cap.version, "bundle": str(cap.bundle), "files": cap.files,
+             **client_summary(cap)}
+    if json_out:
+        print(json.dumps({"capture": facts, "analysis": result}, indent=1))
+        return
+    c = facts
+    say(f"capture: {c['engine']} {c['version'] or ''}, {c['requests']} requests ({c['failed']} failed), "
+        f"client TTFT median {c['ttft_ms'] or 0:.1f} ms (target < 350), TTIT median {c['ttit_ms'] or 0:.1f} ms "
+        f"(target < 25); {len(cap.files)} trace file(s) in {cap.bundle}")
+    render_analysis(result, console)
+    render_next_steps(str(cap.bundle), {cap.engine: result["phases"]}, console)
+
+
+@app.command()
 def hang(
     path: str = typer.Argument(..., help="A run bundle, or a directory of Flight Recorder dumps (one file per rank)."),
     json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (schema commprobe.hang/1)."),

@@ -51,7 +51,8 @@ def _complete(trace: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def vllm_profile(tmp_path_factory):
+def vllm_server(tmp_path_factory):
+    """A real vLLM server (TP=2, its profiler writing to `prof`), stopped by its process group at the end."""
     r = subprocess.run(["bash", str(ROOT / "tests" / "vllm_venv.sh")], capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:
         pytest.skip(f"the vLLM venv could not be built here: {r.stderr.strip()[-200:]}")
@@ -83,25 +84,7 @@ def vllm_profile(tmp_path_factory):
                 if server.poll() is not None or time.monotonic() > deadline:
                     pytest.fail("vLLM server did not start: " + (tmp / "server.log").read_text()[-2000:])
                 time.sleep(2)
-        assert _post(f"{base}/start_profile")[0] == 200
-        # two requests at once: one decodes while the other's prompt is prefilled in 16-token chunks
-        threads = [threading.Thread(target=_post, args=(f"{base}/v1/completions",
-                                                        {"model": str(model), "prompt": p, "max_tokens": 6}))
-                   for p in PROMPTS]
-        for t in threads:
-            t.start()
-            time.sleep(0.3)
-        for t in threads:
-            t.join(120)
-        _post(f"{base}/stop_profile", timeout=600)
-        deadline = time.monotonic() + 300  # workers finish writing after the call returns
-        while time.monotonic() < deadline:
-            ranks = sorted(prof.glob("rank*.pt.trace.json.gz"))
-            if len(ranks) == 2 and all(_complete(p) for p in ranks):
-                break
-            time.sleep(2)
-        else:
-            pytest.fail(f"the workers' traces did not appear complete in {prof}")
+        yield {"base": base, "model": model, "prof": prof, "log": tmp / "server.log"}
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -110,6 +93,31 @@ def vllm_profile(tmp_path_factory):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def vllm_profile(vllm_server):
+    """The server profiled by hand (curl's way): /start_profile, two concurrent requests, /stop_profile."""
+    base, model, prof = vllm_server["base"], vllm_server["model"], vllm_server["prof"]
+    assert _post(f"{base}/start_profile")[0] == 200
+    # two requests at once: one decodes while the other's prompt is prefilled in 16-token chunks
+    threads = [threading.Thread(target=_post, args=(f"{base}/v1/completions",
+                                                    {"model": str(model), "prompt": p, "max_tokens": 6}))
+               for p in PROMPTS]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)
+    for t in threads:
+        t.join(120)
+    _post(f"{base}/stop_profile", timeout=600)
+    deadline = time.monotonic() + 300  # workers finish writing after the call returns
+    while time.monotonic() < deadline:
+        ranks = sorted(prof.glob("rank*.pt.trace.json.gz"))
+        if len(ranks) == 2 and all(_complete(p) for p in ranks):
+            break
+        time.sleep(2)
+    else:
+        pytest.fail(f"the workers' traces did not appear complete in {prof}")
     return prof
 
 
@@ -157,3 +165,33 @@ def test_a_real_vllm_profile_directory_analyzes_with_its_steps_and_allreduces(vl
         inside = [(max(a, wa), min(b, wb)) for a, b in ar for wa, wb in windows if a < wb and b > wa]
         got_us = sum(p["categories"]["tp_allreduce"]["total_us"] for p in rank["phases"].values())
         assert got_us == pytest.approx(_union(inside), rel=0.01)
+
+
+def test_commprobe_capture_against_the_real_server(vllm_server, vllm_profile, tmp_path):
+    """One command from the live server to a verdict: the bundle holds every worker's trace of this
+    capture only (the profiler directory already holds the earlier session's), the client's TTFT and
+    TTIT per request, and analyzes with the engine's steps; `report` renders it."""
+    from tests.conftest import run_cli
+
+    out = tmp_path / "cap"
+    before = {p.name for p in vllm_server["prof"].iterdir()}
+    r = run_cli("capture", vllm_server["base"], "--trace-dir", str(vllm_server["prof"]), "--requests", "3",
+                "--concurrency", "2", "--prompt-len", "20", "--max-tokens", "5", "--out", str(out), "--json",
+                timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    cap = doc["capture"]
+    assert cap["engine"] == "vllm" and cap["version"] == "0.32.0" and cap["requests"] == 3 and cap["failed"] == 0
+    files = sorted(p.name for p in out.glob("*.json.gz"))
+    assert not set(files) & before  # only this capture's traces
+    assert sum(f.startswith("rank") for f in files) == 2 and sum(".async_llm." in f for f in files) == 1
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["kind"] == "capture" and len(m["requests"]) == 3 and all(q["ttft_s"] > 0 for q in m["requests"])
+    a = doc["analysis"]
+    assert [x["rank"] for x in a["ranks"]] == [0, 1] and a["source"]["skipped"]
+    steps = sum(st["steps"] for st in a["ranks"][0]["phase_rule"]["engine_steps"].values())
+    raw = sum(1 for e in _raw(out / sorted(f for f in files if f.startswith("rank0"))[0])
+              if e["name"].startswith("execute_context_"))
+    assert steps == raw and raw >= 5  # 3 requests x 5 tokens, batched two at a time
+    rep = run_cli("report", str(out), "-o", str(tmp_path / "cap.html"))
+    assert rep.returncode == 0, rep.stderr

@@ -1,0 +1,90 @@
+"""`commprobe capture` on bad input (the real-server test is in tests/test_vllm_engine.py): nothing
+listening, a server without its profiler, a trace directory that stays empty — each one line and
+exit 2, quickly. The stub servers here listen on 127.0.0.1 and are stopped by the test."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def _one_line_exit_2(r, needle):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines and needle in lines[-1] and "Traceback" not in r.stderr, r.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def stub(request):
+    """A vLLM-like server: /version, /v1/models, /tokenize; /start_profile answers `start` (404: a
+    server started without --profiler-config), /stop_profile 200, completions stream 3 tokens."""
+    start = request.param
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, body, ctype="application/json"):
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/version":
+                return self._send(200, json.dumps({"version": "0.32.0"}))
+            if self.path == "/v1/models":
+                return self._send(200, json.dumps({"data": [{"id": "tiny"}]}))
+            return self._send(404, '{"detail": "Not Found"}')
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path == "/start_profile":
+                return self._send(start, "{}")
+            if self.path == "/stop_profile":
+                return self._send(200, "{}")
+            if self.path == "/tokenize":
+                return self._send(200, json.dumps({"count": 20}))
+            if self.path == "/v1/completions":
+                body = "".join(f'data: {json.dumps({"choices": [{"text": "x"}]})}\n\n' for _ in range(3))
+                return self._send(200, body + "data: [DONE]\n\n", "text/event-stream")
+            return self._send(404, "{}")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", _free_port()), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_nothing_listening_is_one_line_within_10_s(tmp_path):
+    t = time.monotonic()
+    r = run_cli("capture", f"http://127.0.0.1:{_free_port()}", "--trace-dir", str(tmp_path))
+    _one_line_exit_2(r, "nothing is listening")
+    assert time.monotonic() - t < 10
+
+
+@pytest.mark.parametrize("stub", [404], indirect=True)
+def test_a_server_without_its_profiler_names_the_flag(stub, tmp_path):
+    r = run_cli("capture", stub, "--trace-dir", str(tmp_path))
+    _one_line_exit_2(r, "start the server with its profiler on (--profiler-config")
+
+
+@pytest.mark.parametrize("stub", [200], indirect=True)
+def test_traces_that_never_appear_name_the_directory(stub, tmp_path):
+    r = run_cli("capture", stub, "--trace-dir", str(tmp_path), "--requests", "2", "--timeout", "4",
+                "--out", str(tmp_path / "out"))
+    _one_line_exit_2(r, f"{tmp_path}: no complete worker trace appeared within 4 s")
