@@ -156,35 +156,70 @@ def one_request(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
             "tokens": len(stamps)}
 
 
-def _complete(p: Path) -> bool:
-    """A gzip trace the writer has closed: it inflates to its end."""
-    try:
-        if p.suffix != ".gz":
-            json.loads(p.read_bytes())
+class TraceDir:
+    """Where the server's profiler writes: a local directory, or any fsspec URL (a remote host's
+    shared storage: s3://, gs://, file://; through the analyzers' fsspec helper)."""
+
+    def __init__(self, where: str):
+        from commprobe.analyzers.readers import remote
+
+        self.where = where
+        if remote.is_url(where):
+            self.fs, self.root = remote._fs(where)
+        else:
+            if not Path(where).is_dir():
+                raise CaptureError(f"--trace-dir {where}: not a directory (the server's profiler directory)")
+            self.fs, self.root = None, where
+
+    def listing(self, since: float) -> list[tuple[str, int]]:
+        """(path, size) of the traces written since `since` (mtime), by name."""
+        if self.fs is None:
+            files = [p for p in Path(self.root).glob("*.json*") if p.is_file()]
+            return sorted((str(p), p.stat().st_size) for p in files if p.stat().st_mtime >= since - 1)
+        out = []
+        for e in self.fs.ls(self.root, detail=True):
+            name, mtime = e["name"], e.get("mtime") or e.get("LastModified") or e.get("created")
+            stamp = mtime.timestamp() if hasattr(mtime, "timestamp") else float(mtime or since)
+            if ".json" in name.rsplit("/", 1)[-1] and e.get("type") == "file" and stamp >= since - 1:
+                out.append((name, int(e.get("size") or 0)))
+        return sorted(out)
+
+    def complete(self, path: str) -> bool:
+        """A trace the writer has closed: gzip inflates to its end, JSON parses."""
+        opener = open if self.fs is None else self.fs.open
+        try:
+            with opener(path, "rb") as raw:
+                if path.endswith(".gz"):
+                    with gzip.open(raw) as f:
+                        while f.read(1 << 22):
+                            pass
+                else:
+                    json.loads(raw.read())
             return True
-        with gzip.open(p) as f:
-            while f.read(1 << 22):
-                pass
-        return True
-    except (OSError, EOFError, ValueError, zlib.error):
-        return False
+        except (OSError, EOFError, ValueError, zlib.error):
+            return False
+
+    def copy(self, path: str, dest: Path) -> None:
+        if self.fs is None:
+            shutil.copy2(path, dest)
+        else:
+            self.fs.get(path, str(dest))
 
 
-def wait_for_traces(d: Path, since: float, timeout: float, on_status=lambda s: None) -> list[Path]:
+def wait_for_traces(d: TraceDir, since: float, timeout: float, on_status=lambda s: None) -> list[str]:
     """The traces written into `d` since `since`, once each is complete and none has grown for
     three polls: workers finish writing well after /stop_profile returns."""
     deadline, last, still = time.monotonic() + timeout, None, 0
     while time.monotonic() < deadline:
-        files = sorted(p for p in d.glob("*.json*") if p.is_file() and p.stat().st_mtime >= since - 1)
-        sizes = [(p.name, p.stat().st_size) for p in files]
-        workers = [p for p in files if ".async_llm." not in p.name]
-        still = still + 1 if sizes == last and workers else 0
-        last = sizes
-        if still >= 3 and all(_complete(p) for p in files):
-            return files
-        on_status(f"waiting for {len(workers)} worker trace(s) in {d} to be complete")
+        files = d.listing(since)
+        workers = [p for p, _ in files if ".async_llm." not in p]
+        still = still + 1 if files == last and workers else 0
+        last = files
+        if still >= 3 and all(d.complete(p) for p, _ in files):
+            return [p for p, _ in files]
+        on_status(f"waiting for {len(workers)} worker trace(s) in {d.where} to be complete")
         time.sleep(1.0)
-    raise CaptureError(f"{d}: no complete worker trace appeared within {timeout:g} s after /stop_profile")
+    raise CaptureError(f"{d.where}: no complete worker trace appeared within {timeout:g} s after /stop_profile")
 
 
 def capture(cfg: CaptureConfig, on_status=lambda s: None, on_request=lambda done, total: None) -> Capture:
@@ -200,12 +235,10 @@ def capture(cfg: CaptureConfig, on_status=lambda s: None, on_request=lambda done
         model = None
     if not model:
         raise CaptureError(f"{cfg.url}: /v1/models names no model (HTTP {code})")
-    trace_dir = Path(cfg.trace_dir)
-    if not trace_dir.is_dir():
-        raise CaptureError(f"--trace-dir {trace_dir}: not a directory (the server's profiler directory)")
+    trace_dir = TraceDir(cfg.trace_dir)
     prompt = prompt_of(cfg.url, model, cfg.prompt_len)
     since = time.time()
-    code, text = _http("POST", cfg.url + "/start_profile", start_body(engine, str(trace_dir), cfg.requests * cfg.max_tokens),
+    code, text = _http("POST", cfg.url + "/start_profile", start_body(engine, trace_dir.where, cfg.requests * cfg.max_tokens),
                        timeout=60)
     if code == 404:
         raise CaptureError(f"{cfg.url}: /start_profile not found: start the server with its profiler on "
@@ -228,16 +261,25 @@ def capture(cfg: CaptureConfig, on_status=lambda s: None, on_request=lambda done
         try:
             code, text = _http("POST", cfg.url + "/stop_profile", None, timeout=cfg.timeout)
         except (OSError, TimeoutError) as e:
-            code, text = 0, str(e)
-    if code not in (200, 0):
-        raise CaptureError(f"{cfg.url}: /stop_profile answered HTTP {code}: {text.strip()[:200]}")
-    files = wait_for_traces(trace_dir, since, cfg.timeout, on_status)
+            code, text = -1, str(getattr(e, "reason", e))
     out = Path(cfg.out)
     if out.exists() and (out / MANIFEST).exists():
         raise CaptureError(f"--out {out} already holds a bundle; choose another directory")
+    died = None
+    if code == -1:  # the server went away: keep what it wrote and what the client measured
+        died = f"{cfg.url}: the server stopped answering during the capture ({text[:120]})"
+    elif code != 200:
+        raise CaptureError(f"{cfg.url}: /stop_profile answered HTTP {code}: {text.strip()[:200]}")
+    try:
+        files = wait_for_traces(trace_dir, since, min(10.0, cfg.timeout) if died else cfg.timeout, on_status)
+    except CaptureError:
+        if not died:
+            raise
+        files = [p for p, _ in trace_dir.listing(since)]
     out.mkdir(parents=True, exist_ok=True)
-    for p in files:
-        shutil.copy2(p, out / p.name)
+    names = [p.rsplit("/", 1)[-1] for p in files]
+    for p, name in zip(files, names):
+        trace_dir.copy(p, out / name)
     ok = [r for r in results if r["ok"]]
     load = {"requests": cfg.requests, "concurrency": cfg.concurrency, "prompt_len": cfg.prompt_len,
             "max_tokens": cfg.max_tokens, "model": model}
@@ -245,14 +287,17 @@ def capture(cfg: CaptureConfig, on_status=lambda s: None, on_request=lambda done
         {"rank": "client", "samples": {"ttft_s": [r["ttft_s"] for r in ok],
                                        "ttit_s": [r["ttit_s"] for r in ok if r["ttit_s"] is not None]}}]})
     write_json(out / MANIFEST, {
-        "schema": SCHEMA, "kind": "capture", "status": "ok", "error": None, "finished_at": now_iso(),
+        "schema": SCHEMA, "kind": "capture", "status": "failed" if died else "ok", "error": died,
+        "finished_at": now_iso(),
         "backend": engine, "engine": {"name": engine, "version": version, "url": cfg.url},
         "model": {"name": model}, "run": {"prompt_len": cfg.prompt_len, "decode_steps": cfg.max_tokens,
                                           "batch": cfg.concurrency, "repeats": cfg.requests},
         "world": {}, "load": load, "requests": results, "failed_requests": len(results) - len(ok),
-        "traces": [p.name for p in files], "timings": TIMINGS, "telemetry": None,
-        "source_dir": str(trace_dir)})
-    return Capture(out, engine, version, results, [p.name for p in files])
+        "traces": names, "timings": TIMINGS, "telemetry": None, "source_dir": trace_dir.where})
+    if died:
+        raise CaptureError(f"{died}; {len(results)} of {cfg.requests} requests done, {len(names)} trace file(s) kept in "
+                           f"{out}")
+    return Capture(out, engine, version, results, names)
 
 
 def client_summary(cap: Capture) -> dict:

@@ -27,10 +27,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def stub(request):
+def stub(request, tmp_path):
     """A vLLM-like server: /version, /v1/models, /tokenize; /start_profile answers `start` (404: a
-    server started without --profiler-config), /stop_profile 200, completions stream 3 tokens."""
-    start = request.param
+    server started without --profiler-config); /stop_profile answers 200 and, with `write`, writes
+    a worker's and the front end's trace into tmp_path/prof as vLLM names them, or with `die` drops
+    the connection (the server went away); completions stream 3 tokens."""
+    start, mode = request.param if isinstance(request.param, tuple) else (request.param, "")
+    prof = tmp_path / "prof"
+    prof.mkdir()
 
     class H(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -56,6 +60,17 @@ def stub(request):
             if self.path == "/start_profile":
                 return self._send(start, "{}")
             if self.path == "/stop_profile":
+                if mode == "die":
+                    self.close_connection = True
+                    return None
+                if mode == "write":
+                    from tests.kineto_events import HOST, ev, write
+
+                    write(prof / "rank0.1796396678045716358.pt.trace.json.gz",
+                          [ev("execute_context_1(20)_generation_0(0)", 0, 900, HOST, "user_annotation"),
+                           ev("aten::mm", 10, 800, HOST)], rank=0, world=1)
+                    write(prof / "vm_1.async_llm.1796396678014338521.pt.trace.json.gz",
+                          [ev("AsyncLLM.generate", 0, 900, HOST, "user_annotation")], rank=0, world=1)
                 return self._send(200, "{}")
             if self.path == "/tokenize":
                 return self._send(200, json.dumps({"count": 20}))
@@ -66,7 +81,7 @@ def stub(request):
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", _free_port()), H)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield f"http://127.0.0.1:{server.server_address[1]}", prof
     server.shutdown()
 
 
@@ -79,12 +94,39 @@ def test_nothing_listening_is_one_line_within_10_s(tmp_path):
 
 @pytest.mark.parametrize("stub", [404], indirect=True)
 def test_a_server_without_its_profiler_names_the_flag(stub, tmp_path):
-    r = run_cli("capture", stub, "--trace-dir", str(tmp_path))
+    r = run_cli("capture", stub[0], "--trace-dir", str(stub[1]))
     _one_line_exit_2(r, "start the server with its profiler on (--profiler-config")
 
 
 @pytest.mark.parametrize("stub", [200], indirect=True)
 def test_traces_that_never_appear_name_the_directory(stub, tmp_path):
-    r = run_cli("capture", stub, "--trace-dir", str(tmp_path), "--requests", "2", "--timeout", "4",
+    r = run_cli("capture", stub[0], "--trace-dir", str(stub[1]), "--requests", "2", "--timeout", "4",
                 "--out", str(tmp_path / "out"))
-    _one_line_exit_2(r, f"{tmp_path}: no complete worker trace appeared within 4 s")
+    _one_line_exit_2(r, f"{stub[1]}: no complete worker trace appeared within 4 s")
+
+
+@pytest.mark.parametrize("stub", [(200, "write")], indirect=True)
+def test_a_trace_dir_named_by_an_fsspec_url(stub, tmp_path):
+    """--trace-dir may be a URL (a remote host's shared storage): listed, checked and copied through
+    fsspec; the capture's bundle analyzes with the worker's steps, the front end kept apart."""
+    pytest.importorskip("fsspec", reason="fsspec is in the cluster extra")
+    out = tmp_path / "cap"
+    r = run_cli("capture", stub[0], "--trace-dir", stub[1].as_uri(), "--requests", "3", "--out", str(out), "--json",
+                "--timeout", "30")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["capture"]["requests"] == 3 and doc["capture"]["failed"] == 0 and doc["capture"]["ttft_ms"] > 0
+    assert sorted(p.name for p in out.glob("*.json.gz")) == ["rank0.1796396678045716358.pt.trace.json.gz",
+                                                             "vm_1.async_llm.1796396678014338521.pt.trace.json.gz"]
+    a = doc["analysis"]
+    assert a["ranks"][0]["phase_rule"]["engine_steps"]["prefill"]["steps"] == 1 and len(a["source"]["skipped"]) == 1
+
+
+@pytest.mark.parametrize("stub", [(200, "die")], indirect=True)
+def test_a_server_that_dies_mid_capture_is_named_and_what_was_collected_kept(stub, tmp_path):
+    out = tmp_path / "cap"
+    r = run_cli("capture", stub[0], "--trace-dir", str(stub[1]), "--requests", "2", "--out", str(out),
+                "--timeout", "3")
+    _one_line_exit_2(r, "the server stopped answering during the capture")
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "failed" and len(m["requests"]) == 2 and m["error"]
