@@ -65,6 +65,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     graphs: dict[int, dict] = {}
     formats: dict[str, int] = {}
     notes: list[str] = []
+    axis_reasons: dict[str, str] = {}
     rank_set = RankSet(path)
     for s in map_ranks(trace_files(path), rules, jobs, scheduler, rank_from):
         rank_set.add(s.rank, s.path, s.distributed)
@@ -78,6 +79,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         nbytes += s.uncompressed_bytes
         formats[s.reader["format"]] = formats.get(s.reader["format"], 0) + 1
         notes += [n for n in s.reader.get("notes", ()) if n not in notes]
+        axis_reasons.update({f"rank {s.rank}": n for n in s.axis_notes})
         for name, n in s.unknown_names.items():
             unknown[name] = unknown.get(name, 0) + n
     ranks.sort(key=lambda r: r["rank"])
@@ -116,6 +118,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         "collectives": matched,
         "message_sizes": buckets,
         "axis_provenance": provenance,
+        "axis_reasons": dict(sorted(axis_reasons.items())),
         "kernel_links": links,
         "graphs": {str(r): g for r, g in sorted(graphs.items())},
         "origin_ns": origin,

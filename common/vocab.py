@@ -130,3 +130,16 @@ KERNEL_HINTS = ("nccl", "rccl", "all_reduce", "allreduce", "all_gather", "allgat
                 "nvshmem", "mori", "shm_")
 NAME_HINTS = tuple(dict.fromkeys((*HOST_OP_HINTS, *KERNEL_HINTS)))
 LAUNCH_HINT = "launch"  # cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel, cudaGraphLaunch, ...: correlation only
+
+
+def category_for(op: str | None, axis: str | None) -> int:
+    """TP allreduces; everything on the CP axis is ring attention (ring send/recv, pass-Q's
+    all-to-all return, CP decode's all-gather of partials); EP dispatch/combine all-to-alls
+    and the MoE's all-gather that re-replicates tokens are EP traffic."""
+    if op == "allreduce" and axis == "tp":
+        return int(Category.TP_ALLREDUCE)
+    if axis == "cp" and op in ("send_recv", "all_gather", "all_to_all"):
+        return int(Category.CP_RING)
+    if axis == "ep" and op in ("all_to_all", "all_gather"):
+        return int(Category.EP_ALL_TO_ALL)
+    return int(Category.OTHER_COMM)

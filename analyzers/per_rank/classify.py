@@ -36,9 +36,11 @@ from commprobe.common.vocab import (
     WORK_CATEGORIES,
     AxisSource,
     Category,
+    category_for,
 )
 
 from ..readers.model import DEVICE_CATS, Trace, TraceError, codes
+from .context import inherit_c10d, inherit_outer, sequence_parallel
 
 _KERNELS_TOML = Path(__file__).parent.parent / "comm_kernels.toml"
 
@@ -122,19 +124,6 @@ def axis_for(op: str | None, group_text: str = "") -> tuple[str, int]:
             return axis, DECLARED
     axis = _OP_AXES.get(op or "")
     return (axis, INFERRED) if axis else ("other", UNKNOWN)
-
-
-def category_for(op: str | None, axis: str | None) -> int:
-    """TP allreduces; everything on the CP axis is ring attention (ring send/recv, pass-Q's
-    all-to-all return, CP decode's all-gather of partials); EP dispatch/combine all-to-alls
-    and the MoE's all-gather that re-replicates tokens are EP traffic."""
-    if op == "allreduce" and axis == "tp":
-        return TP_ALLREDUCE
-    if axis == "cp" and op in ("send_recv", "all_gather", "all_to_all"):
-        return CP_RING
-    if axis == "ep" and op in ("all_to_all", "all_gather"):
-        return EP_ALL_TO_ALL
-    return OTHER_COMM
 
 
 @dataclass
@@ -242,6 +231,7 @@ class Classified:
     axis_source: np.ndarray  # int8 codes into AXIS_SOURCES (0: not a collective)
     seq: np.ndarray  # int64: the call's sequence number in its group (args Seq; a kernel's from its host op), -1
     links: dict = field(default_factory=dict)  # how communication kernels were linked to host ops (links.py)
+    axis_notes: list[str] = field(default_factory=list)  # why an inferred axis is not the op's default
 
 
 # torch's names for the element types of "Input type" (record_function's recorded inputs)
@@ -315,9 +305,10 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
         group_size[idx] = gsize_c.astype(np.int64)[sel]
         axis_source[idx] = src_c.astype(np.int8)[sel]
         axis_source[comm_idx[~keep]] = np.array([c.axis_source for c in name_classes], np.int8)[cls_of[~keep]]
-    _inherit_c10d(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source)
-    _inherit_outer(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source, is_own_span,
-                   lambda name: not is_own_span(name))
+    inherit_c10d(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source)
+    axis_notes = sequence_parallel(trace, category, comm_idx, comm_op, comm_axis, axis_source)
+    inherit_outer(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source, is_own_span,
+                  lambda name: not is_own_span(name))
     counts = np.bincount(inverse, minlength=len(uniq)) if n else np.zeros(len(uniq), np.int64)
     unknown: dict[str, int] = {}
     for k, c in enumerate(name_classes):
@@ -325,7 +316,7 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
             name = trace.names[int(uniq[k]) // ncat]
             unknown[name] = unknown.get(name, 0) + int(counts[k])
     cls = Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown, axis_source,
-                     trace.arg_seq.copy())
+                     trace.arg_seq.copy(), axis_notes=axis_notes)
     return cls
 
 
@@ -347,79 +338,3 @@ def _comm_details(trace: Trace, nc: NameClass, name_id: int, arg_row: int):
     if m and m.group(5):
         return nc.category, nc.op, nc.axis, nc.bytes, m.group(1), int(m.group(5)), DECLARED
     return nc.category, nc.op, nc.axis, nc.bytes, None, 0, nc.axis_source
-
-
-def _is_c10d(name: str) -> bool:
-    return name.startswith("c10d::")
-
-
-_BACKENDS = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:", "ncclx:")
-
-
-def _is_backend_op(name: str) -> bool:
-    return name.startswith(_BACKENDS)
-
-
-# A backend's op that implements a different c10d op: (what the backend records, what was called).
-# gloo runs reduce_scatter (list and tensor forms) as its allreduce (torch 2.13, ProcessGroupGloo).
-_IMPLEMENTED_AS = {("allreduce", "reduce_scatter")}
-
-
-def _inherit_c10d(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
-                  comm_bytes: np.ndarray, axis_source: np.ndarray) -> None:
-    """A backend's op (`gloo:all_reduce`) is the work of the c10d op the program called
-    (`c10d::reduce_scatter_`): gloo implements reduce_scatter with its allreduce, which alone would
-    read as a TP allreduce (tests/test_c10d_names.py). gloo runs a collective's work on its worker
-    threads after the c10d op returns, with nothing in the trace tying the two, so the work is
-    paired with the c10d op that started last before it (a blocking call waits for its work before
-    the next is issued); and only the known implementations (`_IMPLEMENTED_AS`) change the op, so a
-    pairing that is off among overlapping async calls cannot relabel anything else."""
-    if not comm_idx.size:
-        return
-    c10d = comm_idx[trace.events_named(comm_idx, _is_c10d)]
-    work = comm_idx[trace.events_named(comm_idx, _is_backend_op)]
-    if not c10d.size or not work.size:
-        return
-    c10d = c10d[np.argsort(trace.ts[c10d], kind="stable")]
-    j = np.searchsorted(trace.ts[c10d], trace.ts[work], side="right") - 1
-    for i, k in zip(work[j >= 0].tolist(), c10d[j[j >= 0]].tolist()):
-        if (comm_op[i], comm_op[k]) not in _IMPLEMENTED_AS:
-            continue
-        category[i] = category[k]
-        comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
-        axis_source[i] = axis_source[k]
-        if np.isnan(comm_bytes[i]):
-            comm_bytes[i] = comm_bytes[k]
-
-
-def _inherit_outer(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
-                   comm_bytes: np.ndarray, axis_source: np.ndarray, is_outer, is_inner, keep_source: bool = False) -> None:
-    """A communication event that starts inside an outer one (by time: gloo runs its work on a worker
-    thread) is the outer one's work and takes its category, axis and op:
-    - a backend's op inside the c10d op the program called: gloo implements `reduce_scatter` with its
-      allreduce (`c10d::reduce_scatter_` holds `gloo:all_reduce`, torch 2.13; tests/test_c10d_names.py),
-      which alone would read as a TP allreduce;
-    - a library's op inside one of our own spans (`commprobe/comm/...`), whose axis the library's
-      event cannot tell (a CP all-gather would otherwise be `other_comm`)."""
-    if not comm_idx.size:
-        return
-    outer_mask = trace.events_named(comm_idx, is_outer)
-    inner_mask = trace.events_named(comm_idx, is_inner) & ~outer_mask
-    own, lib = comm_idx[outer_mask], comm_idx[inner_mask]
-    if not own.size or not lib.size:
-        return
-    order = np.argsort(trace.ts[own], kind="stable")
-    own = own[order]
-    starts, ends = trace.ts[own], trace.ts[own] + trace.dur[own]
-    j = np.searchsorted(starts, trace.ts[lib], side="right") - 1
-    inside = (j >= 0) & (trace.ts[lib] <= ends[np.maximum(j, 0)])
-    for i, k in zip(lib[inside], own[j[inside]]):
-        if comm_op[k] is None:
-            continue
-        category[i] = category[k]
-        comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
-        axis_source[i] = axis_source[k] if keep_source else DECLARED
-        if np.isnan(comm_bytes[i]):
-            comm_bytes[i] = comm_bytes[k]
-
-

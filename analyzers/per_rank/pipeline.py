@@ -33,6 +33,7 @@ class RankSummary:
     links: dict[str, int]
     unknown_names: dict[str, int]
     reader: dict  # the format read and what its reader has to say (notes), from Trace.extra
+    axis_notes: list[str]  # why an axis is not the op's default (classify)
 
 
 def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None) -> list[RankSummary]:
@@ -46,6 +47,6 @@ def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = 
         calls = primary_calls(trace, cls)
         out.append(RankSummary(trace.rank, trace.path, trace.distributed, trace.origin_ns, trace.uncompressed_bytes,
                                breakdown, calls, graph_facts(trace), dict(cls.links), dict(cls.unknown_names),
-                               {"format": "kineto json", **trace.extra}))
+                               {"format": "kineto json", **trace.extra}, list(cls.axis_notes)))
         del trace, cls
     return out

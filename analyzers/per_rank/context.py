@@ -1,0 +1,127 @@
+"""Second passes over a classified trace: what a collective is, told from its context rather than
+its own name. A backend's op is the c10d op the program called (gloo's reduce_scatter runs as its
+allreduce); a library op inside our own span takes the span's axis; all-to-alls around attention,
+with no experts in sight, are sequence-parallel CP, not EP. Each pass writes the classification
+arrays in place (classify.py calls them) and imports only the vocabulary."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from commprobe.common.vocab import AxisSource, Category, category_for
+
+from ..readers.model import Trace
+
+COMPUTE = int(Category.COMPUTE)
+DECLARED, INFERRED = int(AxisSource.DECLARED), int(AxisSource.INFERRED)
+
+
+_ATTENTION = re.compile(r"attention|attn|fmha|sdpa|scaled_dot_product", re.I)
+_EXPERTS = re.compile(r"moe|expert|topk|top_k|router|routing|grouped_gemm|gating|dispatch|combine", re.I)
+
+
+def sequence_parallel(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
+                       axis_source: np.ndarray) -> list[str]:
+    """An all-to-all is not always EP: sequence-parallel attention (DeepSpeed-Ulysses, xDiT,
+    FastVideo) exchanges heads and sequence with all-to-alls around attention. Where attention
+    runs between two all-to-alls whose axis was only inferred, and nothing of experts or routing is
+    in the trace, those all-to-alls are CP, inferred, with the reason returned (it reaches the
+    result's `axis_reasons`). A declared axis is never changed."""
+    if not comm_idx.size:
+        return []
+    a2a = np.array([i for i in comm_idx.tolist() if comm_op[i] == "all_to_all" and comm_axis[i] == "ep"
+                    and axis_source[i] == INFERRED], np.int64)
+    if len(a2a) < 2 or any(_EXPERTS.search(n) for n in trace.names):
+        return []
+    attn_names = np.array([bool(_ATTENTION.search(n)) for n in trace.names], bool)
+    attn = np.flatnonzero(attn_names[trace.name_id] & (category == COMPUTE))
+    if not len(attn):
+        return []
+    a2a = a2a[np.argsort(trace.ts[a2a], kind="stable")]
+    ends, starts = trace.ts[a2a] + trace.dur[a2a], trace.ts[a2a]
+    at = np.sort(trace.ts[attn])
+    # attention that starts after one all-to-all ends and before the next starts
+    k = np.searchsorted(at, ends[:-1], side="left")
+    between = (k < len(at)) & (at[np.minimum(k, len(at) - 1)] < starts[1:])
+    if not between.any():
+        return []
+    for i in a2a.tolist():
+        comm_axis[i], category[i] = "cp", category_for("all_to_all", "cp")
+    return [f"{len(a2a)} all-to-all(s) are CP (sequence-parallel attention, Ulysses-style): attention runs between "
+            f"them ({int(between.sum())} time(s)) and nothing of experts or routing is in the trace"]
+
+
+def _is_c10d(name: str) -> bool:
+    return name.startswith("c10d::")
+
+
+_BACKENDS = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:", "ncclx:")
+
+
+def _is_backend_op(name: str) -> bool:
+    return name.startswith(_BACKENDS)
+
+
+# A backend's op that implements a different c10d op: (what the backend records, what was called).
+# gloo runs reduce_scatter (list and tensor forms) as its allreduce (torch 2.13, ProcessGroupGloo).
+IMPLEMENTED_AS = {("allreduce", "reduce_scatter")}
+
+
+def inherit_c10d(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
+                  comm_bytes: np.ndarray, axis_source: np.ndarray) -> None:
+    """A backend's op (`gloo:all_reduce`) is the work of the c10d op the program called
+    (`c10d::reduce_scatter_`): gloo implements reduce_scatter with its allreduce, which alone would
+    read as a TP allreduce (tests/test_c10d_names.py). gloo runs a collective's work on its worker
+    threads after the c10d op returns, with nothing in the trace tying the two, so the work is
+    paired with the c10d op that started last before it (a blocking call waits for its work before
+    the next is issued); and only the known implementations (`IMPLEMENTED_AS`) change the op, so a
+    pairing that is off among overlapping async calls cannot relabel anything else."""
+    if not comm_idx.size:
+        return
+    c10d = comm_idx[trace.events_named(comm_idx, _is_c10d)]
+    work = comm_idx[trace.events_named(comm_idx, _is_backend_op)]
+    if not c10d.size or not work.size:
+        return
+    c10d = c10d[np.argsort(trace.ts[c10d], kind="stable")]
+    j = np.searchsorted(trace.ts[c10d], trace.ts[work], side="right") - 1
+    for i, k in zip(work[j >= 0].tolist(), c10d[j[j >= 0]].tolist()):
+        if (comm_op[i], comm_op[k]) not in IMPLEMENTED_AS:
+            continue
+        category[i] = category[k]
+        comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
+        axis_source[i] = axis_source[k]
+        if np.isnan(comm_bytes[i]):
+            comm_bytes[i] = comm_bytes[k]
+
+
+def inherit_outer(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
+                   comm_bytes: np.ndarray, axis_source: np.ndarray, is_outer, is_inner, keep_source: bool = False) -> None:
+    """A communication event that starts inside an outer one (by time: gloo runs its work on a worker
+    thread) is the outer one's work and takes its category, axis and op:
+    - a backend's op inside the c10d op the program called: gloo implements `reduce_scatter` with its
+      allreduce (`c10d::reduce_scatter_` holds `gloo:all_reduce`, torch 2.13; tests/test_c10d_names.py),
+      which alone would read as a TP allreduce;
+    - a library's op inside one of our own spans (`commprobe/comm/...`), whose axis the library's
+      event cannot tell (a CP all-gather would otherwise be `other_comm`)."""
+    if not comm_idx.size:
+        return
+    outer_mask = trace.events_named(comm_idx, is_outer)
+    inner_mask = trace.events_named(comm_idx, is_inner) & ~outer_mask
+    own, lib = comm_idx[outer_mask], comm_idx[inner_mask]
+    if not own.size or not lib.size:
+        return
+    order = np.argsort(trace.ts[own], kind="stable")
+    own = own[order]
+    starts, ends = trace.ts[own], trace.ts[own] + trace.dur[own]
+    j = np.searchsorted(starts, trace.ts[lib], side="right") - 1
+    inside = (j >= 0) & (trace.ts[lib] <= ends[np.maximum(j, 0)])
+    for i, k in zip(lib[inside], own[j[inside]]):
+        if comm_op[k] is None:
+            continue
+        category[i] = category[k]
+        comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
+        axis_source[i] = axis_source[k] if keep_source else DECLARED
+        if np.isnan(comm_bytes[i]):
+            comm_bytes[i] = comm_bytes[k]
