@@ -69,10 +69,15 @@ def main() -> None:
             res = json.loads(a.stdout)
             summary["timeline"] = res["ranks"][0]["timeline"]
             summary["verdicts"] = {ph: p["summary"] for ph, p in res["phases"].items()}
+            summary["kernel_links"] = res.get("kernel_links")
+            summary["device_work"] = res["ranks"][0].get("device_work")
+            summary["graphs"] = res.get("graphs")
+            summary["phase_rule"] = res["ranks"][0].get("phase_rule")
         summary["timings"] = json.loads((run / "timings.json").read_text())["ranks"][0]
         summary["timings"].pop("samples", None)
         print("   NVML samples:", summary["nvml_samples"], "| timeline:", summary.get("timeline"),
               "| verdicts:", summary.get("verdicts"))
+        print("   kernels:", summary.get("device_work"), "| links:", summary.get("kernel_links"))
     # 3. DDA on symmetric memory
     if torch.cuda.device_count() < 2:
         summary["dda_symm"] = "skipped: one GPU (symmetric-memory DDA needs a process per GPU, 2 or more)"
