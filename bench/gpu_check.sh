@@ -17,3 +17,4 @@ export PYTHONPATH="$PWD" OUT="${OUT:-$PWD/gpu-check}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log"
+python3 bench/gpu_graph_check.py 2>&1 | tee "$OUT/gpu_graph_check.log"
