@@ -53,7 +53,10 @@ def _complete(trace: Path) -> bool:
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
     """A real vLLM server (TP=2, its profiler writing to `prof`), stopped by its process group at the end."""
-    r = subprocess.run(["bash", str(ROOT / "tests" / "vllm_venv.sh")], capture_output=True, text=True, timeout=900)
+    try:
+        r = subprocess.run(["bash", str(ROOT / "tests" / "vllm_venv.sh")], capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        pytest.skip("the vLLM venv could not be built here within 15 min")
     if r.returncode != 0:
         pytest.skip(f"the vLLM venv could not be built here: {r.stderr.strip()[-200:]}")
     python = r.stdout.strip().splitlines()[-1]
