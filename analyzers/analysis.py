@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from commprobe.common.bundle import read_manifest, single_manifest, sub_bundles, telemetry_path
+from commprobe.common.bundle import FLIGHT_RECORDER, read_manifest, single_manifest, sub_bundles, telemetry_path
 from commprobe.common.errors import InputError
 from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
@@ -236,7 +236,7 @@ def report_inputs(path: str | Path, other: str | Path | None = None) -> dict:
     from .hang import analyze_hang
 
     hang = None
-    if not remote.is_url(path) and (Path(path) / "flight_recorder").is_dir():
+    if not remote.is_url(path) and (Path(path) / FLIGHT_RECORDER).is_dir():
         hang = analyze_hang(path)
     if other is not None:
         a, b = load_result(path), load_result(other)

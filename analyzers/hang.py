@@ -25,7 +25,7 @@ from pathlib import Path
 
 from commprobe.common.bundle import FLIGHT_RECORDER, MANIFEST
 
-from .readers.flight_recorder import DumpError, RankDump, load_dir
+from .readers.flight_recorder import DumpError, RankDump, load_dir, load_dump
 
 SCHEMA = "commprobe.hang/1"
 # Frames that are the plumbing of a collective, not where the program called it
@@ -35,7 +35,6 @@ _COMM_METHODS = frozenset({"all_reduce", "all_gather", "all_to_all", "send_recv"
 _GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
 _FH_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
 _FH_FRAME = re.compile(r'^  File "(.+)", line (\d+) in (.+)$')
-_OP_NAMES = {"all_reduce": "allreduce", "allreduce": "allreduce"}
 
 
 def _is_plumbing(frame: dict) -> bool:
@@ -316,8 +315,6 @@ def analyze_hang(path: str | Path) -> dict:
         raise DumpError(f"{path}: a bundle without Flight Recorder records (flight_recorder/ is written when a rank "
                         f"hangs or fails)")
     if path.is_file():
-        from .readers.flight_recorder import load_dump
-
         dumps = [load_dump(path)]
     else:
         dumps = load_dir(fr)

@@ -7,7 +7,6 @@ a trace or a manifest is HTML-escaped where it lands in markup, and figure JSON 
 
 from __future__ import annotations
 
-import html
 import json
 
 import plotly.graph_objects as go
@@ -15,17 +14,18 @@ from plotly.offline import get_plotlyjs
 
 from commprobe.common.vocab import WORK_CATEGORIES
 
-from .sections import comparison_section, engine_phases_section, hang_section, timelines_figure
+from .sections import (
+    COLORS,
+    add_segment_bars,
+    comparison_section,
+    engine_phases_section,
+    hang_section,
+    timelines_figure,
+)
+from .sections import esc as _esc
 from .sections import verdict_class as _verdict_class
 
 CATS = WORK_CATEGORIES
-COLORS = {"compute": "#4c78a8", "tp_allreduce": "#e45756", "cp_ring": "#f58518", "ep_all_to_all": "#b279a2",
-          "other_comm": "#ff9da6", "memcpy": "#9d755d", "other": "#bab0ac", "straggler wait": "#eeca3b",
-          "idle": "#d9d9d9"}
-
-
-def _esc(x) -> str:
-    return html.escape(str(x), quote=True)
 
 
 def _script_json(obj) -> str:
@@ -82,15 +82,7 @@ def timeline_figure(result: dict, phase: str) -> go.Figure | None:
     if not rows:
         return None
     fig = go.Figure()
-    for c in CATS:
-        ys, xs, bases = [], [], []
-        for rank, seg in rows:
-            for a, b in seg["by_category"].get(c, []):
-                ys.append(f"rank {rank}")
-                xs.append(b - a)
-                bases.append(a)
-        if xs:
-            fig.add_bar(name=c, y=ys, x=xs, base=bases, orientation="h", marker_color=COLORS[c])
+    add_segment_bars(fig, [(f"rank {rank}", seg) for rank, seg in rows])
     which = "the prefill" if phase == "prefill" else f"{phase} window {rows[0][1]['window']}"
     fig.update_layout(barmode="overlay", title=f"Per-rank timeline of {which} (exposed time; µs from the window's start)",
                       xaxis_title="µs", height=max(300, 140 + 40 * len(rows)), legend_title="category")

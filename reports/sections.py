@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 from commprobe.common.vocab import WORK_CATEGORIES, Verdict
 
 COLORS = {"compute": "#4c78a8", "tp_allreduce": "#e45756", "cp_ring": "#f58518", "ep_all_to_all": "#b279a2",
-          "other_comm": "#ff9da6", "memcpy": "#9d755d", "other": "#bab0ac"}
+          "other_comm": "#ff9da6", "memcpy": "#9d755d", "other": "#bab0ac", "straggler wait": "#eeca3b",
+          "idle": "#d9d9d9"}
 
 
 def esc(x) -> str:
@@ -22,6 +23,20 @@ def esc(x) -> str:
 def verdict_class(label: str) -> str:
     """The CSS class of a verdict label (one the analyzer wrote; anything else gets none)."""
     return Verdict(label).css if label in set(Verdict) else ""
+
+
+def add_segment_bars(fig: go.Figure, rows: list[tuple[str, dict]]) -> None:
+    """One horizontal bar per category interval of each row's window segment (`rows`: y label,
+    the rank's `segments[phase]`), coloured by category: the per-rank timelines of the page."""
+    for c in WORK_CATEGORIES:
+        ys, xs, bases = [], [], []
+        for label, seg in rows:
+            for a, b in seg["by_category"].get(c, []):
+                ys.append(label)
+                xs.append(b - a)
+                bases.append(a)
+        if xs:
+            fig.add_bar(name=c, y=ys, x=xs, base=bases, orientation="h", marker_color=COLORS[c])
 
 
 def _pct(x) -> str:
@@ -79,15 +94,7 @@ def timelines_figure(by_label: dict[str, dict], phase: str) -> go.Figure | None:
     if len({lb for lb, _, _ in rows}) < 2:
         return None
     fig = go.Figure()
-    for c in WORK_CATEGORIES:
-        ys, xs, bases = [], [], []
-        for lb, rank, seg in rows:
-            for a, b in seg["by_category"].get(c, []):
-                ys.append(f"{lb} · rank {rank}")
-                xs.append(b - a)
-                bases.append(a)
-        if xs:
-            fig.add_bar(name=c, y=ys, x=xs, base=bases, orientation="h", marker_color=COLORS[c])
+    add_segment_bars(fig, [(f"{lb} · rank {rank}", seg) for lb, rank, seg in rows])
     fig.update_layout(barmode="overlay", height=max(300, 140 + 36 * len(rows)), legend_title="category",
                       title=f"One {phase} window per rank and {'backend' if len(by_label) else 'run'}, one time scale "
                             f"(µs from the window's start)", xaxis={"title": "µs", "tickformat": "~s"})

@@ -21,3 +21,9 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
 
     return subprocess.run([sys.executable, "-m", "commprobe.probe.cli", *args], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def assert_one_line_exit_2(r, needle: str) -> None:
+    """Bad input as a user meets it: exit 2, one line on stderr naming the problem, no traceback."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from commprobe.analyzers.analysis import analyze
-from tests.conftest import run_cli
+from tests.conftest import assert_one_line_exit_2, run_cli
 
 AMD = Path(__file__).resolve().parents[2] / "shared" / "traces" / "amd"
 RPD = AMD / "rpd_vllm_mi300_mytrace.rpd.gz"
@@ -221,9 +221,7 @@ def test_rocprofv3_json_with_launches_rccl_api_and_roctx_ranges(rocprof_doc, tmp
 # --- bad input ------------------------------------------------------------------------------------
 
 def _one_line_exit_2(path: Path, needle: str) -> None:
-    r = run_cli("analyze", str(path))
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert_one_line_exit_2(run_cli("analyze", str(path)), needle)
 
 
 @needs_shared

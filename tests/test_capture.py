@@ -12,12 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_cli
-
-
-def _one_line_exit_2(r, needle):
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and lines and needle in lines[-1] and "Traceback" not in r.stderr, r.stderr
+from tests.conftest import assert_one_line_exit_2, run_cli
 
 
 def _free_port() -> int:
@@ -88,21 +83,21 @@ def stub(request, tmp_path):
 def test_nothing_listening_is_one_line_within_10_s(tmp_path):
     t = time.monotonic()
     r = run_cli("capture", f"http://127.0.0.1:{_free_port()}", "--trace-dir", str(tmp_path))
-    _one_line_exit_2(r, "nothing is listening")
+    assert_one_line_exit_2(r, "nothing is listening")
     assert time.monotonic() - t < 10
 
 
 @pytest.mark.parametrize("stub", [404], indirect=True)
 def test_a_server_without_its_profiler_names_the_flag(stub, tmp_path):
     r = run_cli("capture", stub[0], "--trace-dir", str(stub[1]))
-    _one_line_exit_2(r, "start the server with its profiler on (--profiler-config")
+    assert_one_line_exit_2(r, "start the server with its profiler on (--profiler-config")
 
 
 @pytest.mark.parametrize("stub", [200], indirect=True)
 def test_traces_that_never_appear_name_the_directory(stub, tmp_path):
     r = run_cli("capture", stub[0], "--trace-dir", str(stub[1]), "--requests", "2", "--timeout", "4",
                 "--out", str(tmp_path / "out"))
-    _one_line_exit_2(r, f"{stub[1]}: no complete worker trace appeared within 4 s")
+    assert_one_line_exit_2(r, f"{stub[1]}: no complete worker trace appeared within 4 s")
 
 
 @pytest.mark.parametrize("stub", [(200, "write")], indirect=True)
@@ -127,6 +122,6 @@ def test_a_server_that_dies_mid_capture_is_named_and_what_was_collected_kept(stu
     out = tmp_path / "cap"
     r = run_cli("capture", stub[0], "--trace-dir", str(stub[1]), "--requests", "2", "--out", str(out),
                 "--timeout", "3")
-    _one_line_exit_2(r, "the server stopped answering during the capture")
+    assert_one_line_exit_2(r, "the server stopped answering during the capture")
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "failed" and len(m["requests"]) == 2 and m["error"]

@@ -13,7 +13,7 @@ import pickle
 from pathlib import Path
 
 from commprobe.analyzers.hang import analyze_hang
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_one_line_exit_2, run_cli
 
 FAST = ["--preset", "tiny", "--steps", "4", "--repeats", "2", "--prompt-len", "16", "--timeout", "25"]
 
@@ -159,9 +159,7 @@ MARKER = Path("/tmp") / f"commprobe-pwned-{os.getpid()}"
 
 
 def _one_line_exit_2(path: Path, needle: str) -> None:
-    r = run_cli("hang", str(path))
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert_one_line_exit_2(run_cli("hang", str(path)), needle)
 
 
 def test_a_hostile_pickle_is_refused_without_running(tmp_path):

@@ -89,7 +89,7 @@ def windows(trace: Trace, tl: Timeline) -> tuple[dict[str, list[tuple[float, flo
             return out, info
     # no rule parsed anything: annotations that look like an engine's step but do not parse are
     # counted and shown, so a whole-trace window is never a silent fallback
-    info = {"rule": "whole-trace", "source": "", **_malformed(trace, unparsed, ~dev if not tl.device else dev | ~dev)}
+    info = {"rule": "whole-trace", "source": "", **_malformed(trace, unparsed, np.ones_like(dev) if tl.device else ~dev)}
     if not tl.mask.any():
         return {}, info
     return ({"trace": [(float(trace.ts[tl.mask].min()), float((trace.ts + trace.dur)[tl.mask].max()))]}, info)

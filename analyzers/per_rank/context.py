@@ -97,7 +97,7 @@ def inherit_c10d(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_
 
 
 def inherit_outer(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
-                   comm_bytes: np.ndarray, axis_source: np.ndarray, is_outer, is_inner, keep_source: bool = False) -> None:
+                   comm_bytes: np.ndarray, axis_source: np.ndarray, is_outer, is_inner) -> None:
     """A communication event that starts inside an outer one (by time: gloo runs its work on a worker
     thread) is the outer one's work and takes its category, axis and op:
     - a backend's op inside the c10d op the program called: gloo implements `reduce_scatter` with its
@@ -122,6 +122,6 @@ def inherit_outer(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm
             continue
         category[i] = category[k]
         comm_op[i], comm_axis[i] = comm_op[k], comm_axis[k]
-        axis_source[i] = axis_source[k] if keep_source else DECLARED
+        axis_source[i] = DECLARED
         if np.isnan(comm_bytes[i]):
             comm_bytes[i] = comm_bytes[k]
