@@ -25,6 +25,7 @@ from .cross_rank.rank_map import map_ranks
 from .cross_rank.verdict import phase_summary
 from .per_rank.classify import load_rules
 from .readers import remote
+from .readers.coordinates import table as name_table
 from .readers.files import RankSet, front_end_files, trace_files
 from .readers.model import TraceError
 
@@ -67,7 +68,9 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     notes: list[str] = []
     axis_reasons: dict[str, str] = {}
     rank_set = RankSet(path)
-    for s in map_ranks(trace_files(path), rules, jobs, scheduler, rank_from):
+    files_in = trace_files(path)
+    coords = name_table([remote.name_of(f) if url else Path(f).name for f in files_in])
+    for s in map_ranks(files_in, rules, jobs, scheduler, rank_from, coords):
         rank_set.add(s.rank, s.path, s.distributed)
         ranks.append(s.breakdown)
         calls[s.rank] = s.calls
@@ -79,7 +82,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         nbytes += s.uncompressed_bytes
         formats[s.reader["format"]] = formats.get(s.reader["format"], 0) + 1
         notes += [n for n in s.reader.get("notes", ()) if n not in notes]
-        axis_reasons.update({f"rank {s.rank}": n for n in s.axis_notes})
+        if s.axis_notes:
+            axis_reasons[f"rank {s.rank}"] = "; ".join(s.axis_notes)
         for name, n in s.unknown_names.items():
             unknown[name] = unknown.get(name, 0) + n
     ranks.sort(key=lambda r: r["rank"])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from commprobe.analyzers.cross_rank.verdict import phase_summary
 from commprobe.analyzers.per_rank import intervals as iv
-from commprobe.analyzers.per_rank.links import _enclosing
+from commprobe.analyzers.per_rank.intervals import enclosing
 from commprobe.analyzers.per_rank.phases import RULES
 from commprobe.common.vocab import WORK_CATEGORIES, Verdict
 
@@ -61,7 +61,7 @@ def test_enclosing_op_is_the_innermost_holding_interval(host, queries):
     end = start + np.array([h[2] for h in host], float)
     q_tid = np.array([q[0] for q in queries], float)
     q_t = np.array([q[1] for q in queries], float)
-    got = _enclosing(tid, start, end, q_tid, q_t)
+    got = enclosing(tid, start, end, q_tid, q_t)
     for k, (qt, t) in enumerate(queries):
         holders = [i for i in range(len(host)) if tid[i] == qt and start[i] <= t <= end[i]]
         if not holders:

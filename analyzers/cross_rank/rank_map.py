@@ -23,12 +23,13 @@ from ..readers import remote
 from ..readers.model import TraceError
 
 
-def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None) -> list[RankSummary]:
+def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None,
+              coords: dict[int, dict[str, int]] | None = None) -> list[RankSummary]:
     """The map's task: the per-rank pipeline over one file, with the map's own concerns around it
     (injected faults for tests, glibc's thresholds under a Dask nanny)."""
     _fault(file)
     with _roomy_malloc():
-        return pipeline.summarize(file, rules, rank_from)
+        return pipeline.summarize(file, rules, rank_from, coords)
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -83,22 +84,22 @@ def _libc():
 
 
 def map_ranks(files: list[Path], rules: list[Rule] = (), jobs: int = 1, scheduler: str | None = None,
-              rank_from: str | None = None):
+              rank_from: str | None = None, coords: dict[int, dict[str, int]] | None = None):
     """Summaries of `files`, in their order: in this process (one rank in memory at a time), in
     `jobs` worker processes, or as tasks on the Dask cluster at `scheduler`. A worker's error (an
     unreadable trace) is raised here as it was."""
     if scheduler:
-        yield from _map_dask(files, rules, scheduler, rank_from)
+        yield from _map_dask(files, rules, scheduler, rank_from, coords)
         return
     jobs = max(1, min(jobs, len(files)))
     if jobs == 1:
         for f in files:
-            yield from summarize(f, rules, rank_from)
+            yield from summarize(f, rules, rank_from, coords)
         return
-    yield from _map_pool(files, list(rules), jobs, rank_from)
+    yield from _map_pool(files, list(rules), jobs, rank_from, coords)
 
 
-def _map_pool(files: list[Path], rules: list[Rule], jobs: int, rank_from: str | None):
+def _map_pool(files: list[Path], rules: list[Rule], jobs: int, rank_from: str | None, coords: dict | None = None):
     """The map in a local process pool. A worker that dies (killed, out of memory, a crash in a
     native library) breaks the pool: every file not yet summarized is retried once in a new pool;
     if that breaks too, the files run one per pool until the one that kills its worker is found
@@ -109,7 +110,7 @@ def _map_pool(files: list[Path], rules: list[Rule], jobs: int, rank_from: str | 
     for _attempt in range(2):
         try:
             with _pool(jobs) as pool:
-                futures = [pool.submit(summarize, f, rules, rank_from) for f in files[done:]]
+                futures = [pool.submit(summarize, f, rules, rank_from, coords) for f in files[done:]]
                 for fut in futures:
                     out = fut.result()
                     done += 1
@@ -120,7 +121,7 @@ def _map_pool(files: list[Path], rules: list[Rule], jobs: int, rank_from: str | 
     for f in files[done:]:
         try:
             with _pool(1) as pool:
-                out = pool.submit(summarize, f, rules, rank_from).result()
+                out = pool.submit(summarize, f, rules, rank_from, coords).result()
         except BrokenProcessPool:
             raise TraceError(f"{f}: the worker process analyzing it died twice (killed, out of memory, or a crash "
                              f"in a native library)") from None
@@ -187,7 +188,8 @@ def _in_dask_worker() -> bool:
 CONNECT_TIMEOUT_S = 8  # the whole command answers within 10 s
 
 
-def _map_dask(files: list[Path], rules: list[Rule], address: str, rank_from: str | None = None):
+def _map_dask(files: list[Path], rules: list[Rule], address: str, rank_from: str | None = None,
+              coords: dict | None = None):
     """One task per rank on an existing Dask distributed cluster (dask-jobqueue on SLURM,
     dask-kubernetes, or `dask scheduler` + `dask worker` by hand): each worker opens its trace from
     the path (a filesystem the workers share) or the fsspec URL (s3://, gs://: each worker reads with
@@ -204,7 +206,7 @@ def _map_dask(files: list[Path], rules: list[Rule], address: str, rank_from: str
                          f"({type(e).__name__})") from None
     with client:
         futures = client.map(summarize, [f if remote.is_url(f) else str(Path(f).resolve()) for f in files],
-                             rules=list(rules), rank_from=rank_from,
+                             rules=list(rules), rank_from=rank_from, coords=coords,
                              retries=1, pure=False)
         try:
             for f, fut in zip(files, futures):

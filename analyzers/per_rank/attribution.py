@@ -7,8 +7,9 @@ its time is exposed; ops nested inside a collective count as the collective).
 Exposed communication is communication time not overlapped by compute on any stream of the
 device. Idle is window time with nothing on the timeline.
 
-Windows: the first phase rule of phases.py that matches (our spans, vLLM's engine steps,
-`ProfilerStep#N`; their device copies when the trace has them), else the whole trace.
+Windows (windows.py): the first phase rule of phases.py that matches (our spans, engines' steps,
+`ProfilerStep#N`), on a device timeline the span of the device work each step launched, else the
+whole trace.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import numpy as np
 from ..readers.model import Trace
 from . import intervals as iv
 from .classify import CATEGORIES, COMM_CODES, COMPUTE, MARKER, MEMCPY, OTHER, Classified, comm_mask
-from .phases import RULES
 from .sampling import thin
+from .windows import windows
 
 _STEP = re.compile(r"^ProfilerStep#\d+$")
 
@@ -38,73 +39,6 @@ def timeline(trace: Trace) -> Timeline:
     if dev.any():
         return Timeline(True, dev)
     return Timeline(False, ~dev)
-
-
-def windows(trace: Trace, tl: Timeline) -> tuple[dict[str, list[tuple[float, float]]], dict]:
-    """(phase -> [(start, end)] in µs on the trace's clock, how they were chosen): the first phase
-    rule (phases.py) with annotations on this rank, their device copies when the trace has them."""
-    dev = trace.is_device()
-    sides = (True, False) if tl.device else (False,)
-    starts = tuple(p for rule in RULES for p in rule.prefix)
-    candidates = [i for i, n in enumerate(trace.names) if n.startswith(starts)]
-    unparsed: list[int] = []  # names a rule claims but cannot parse, over every rule
-    for rule in RULES:
-        parsed = {i: rule.pattern.match(trace.names[i]) for i in candidates if rule.claims(trace.names[i])}
-        unparsed += [i for i, m in parsed.items() if m is None]
-        good = {i: m for i, m in parsed.items() if m}
-        if not good:
-            continue
-        is_good = np.zeros(len(trace.names), bool)
-        is_good[list(good)] = True
-        is_good = is_good[trace.name_id]
-        for on_device in sides:
-            side = dev if on_device else ~dev
-            idx = np.flatnonzero(is_good & side)
-            if not len(idx):
-                continue
-            ids = trace.name_id[idx]
-            present = np.unique(ids).tolist()
-            # Per distinct annotation (one Python step each), then per phase by array ops: a
-            # trace of N steps has N distinct names, and per-name numpy work cost ~7 ms per 1,000.
-            phase_of = {nid: rule.phase_of(good[nid]) for nid in present}
-            order = list(dict.fromkeys(phase_of.values()))
-            lut = np.zeros(max(present) + 1, np.int32)
-            lut[present] = [order.index(ph) for ph in phase_of.values()]
-            per = lut[ids]
-            times = np.bincount(ids)
-            out: dict[str, list] = {}
-            steps: dict[str, dict] = {ph: {"steps": 0} for ph in order}
-            for nid, ph in phase_of.items():
-                st, n = steps[ph], int(times[nid])
-                st["steps"] += n
-                for k, v in rule.counts(good[nid]).items():
-                    st[k] = st.get(k, 0) + v * n
-            for k, ph in enumerate(order):
-                sel = idx[per == k]
-                out[ph] = sorted(zip(trace.ts[sel].tolist(), (trace.ts[sel] + trace.dur[sel]).tolist()))
-            bad = [i for i, m in parsed.items() if m is None]
-            info = {"rule": rule.name, "source": rule.source, **_malformed(trace, bad, side)}
-            if rule.name not in ("commprobe", "profiler-step"):
-                info["engine_steps"] = steps
-            return out, info
-    # no rule parsed anything: annotations that look like an engine's step but do not parse are
-    # counted and shown, so a whole-trace window is never a silent fallback
-    info = {"rule": "whole-trace", "source": "", **_malformed(trace, unparsed, np.ones_like(dev) if tl.device else ~dev)}
-    if not tl.mask.any():
-        return {}, info
-    return ({"trace": [(float(trace.ts[tl.mask].min()), float((trace.ts + trace.dur)[tl.mask].max()))]}, info)
-
-
-MAX_MALFORMED_SHOWN = 5
-
-
-def _malformed(trace: Trace, bad: list[int], side: np.ndarray) -> dict:
-    """{malformed: events, malformed_names: the first distinct texts} of annotations a rule claims
-    but cannot parse."""
-    if not bad:
-        return {"malformed": 0}
-    n = int((np.isin(trace.name_id, bad) & side).sum())
-    return {"malformed": n, "malformed_names": [trace.names[i] for i in sorted(set(bad))[:MAX_MALFORMED_SHOWN]]}
 
 
 def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv.Intervals]:
@@ -126,7 +60,7 @@ def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv
 
 def rank_breakdown(trace: Trace, cls: Classified) -> dict:
     tl = timeline(trace)
-    wins, rule = windows(trace, tl)
+    wins, rule = windows(trace, tl.device, tl.mask)
     unions = category_unions(trace, cls, tl)
     compute = unions[COMPUTE]
     exposed_base = {c: iv.subtract(unions[c], compute) if tl.device else unions[c] for c in (*COMM_CODES, MEMCPY)}

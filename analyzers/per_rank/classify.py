@@ -41,6 +41,7 @@ from commprobe.common.vocab import (
 
 from ..readers.model import DEVICE_CATS, Trace, TraceError, codes
 from .context import inherit_c10d, inherit_outer, sequence_parallel
+from .coordinates import declare
 
 _KERNELS_TOML = Path(__file__).parent.parent / "comm_kernels.toml"
 
@@ -270,8 +271,10 @@ def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None
     return op, axis, size, (str(group) if group is not None else None), gsize, src
 
 
-def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
-    """Classes by unique (name, cat); communication details by unique (name, cat, args subset)."""
+def classify(trace: Trace, rules: list[Rule] = (), coords: dict[int, dict[str, int]] | None = None) -> Classified:
+    """Classes by unique (name, cat); communication details by unique (name, cat, args subset).
+    `coords`: every rank's coordinates from engines' file names (global rank -> {tp: .., dp: ..}),
+    which declare the axis of the groups they identify (coordinates.py)."""
     n = len(trace.ts)
     ncat = max(1, len(trace.cats))
     uniq, inverse = codes(trace.name_id.astype(np.int64) * ncat + trace.cat_id, len(trace.names) * ncat)
@@ -305,8 +308,9 @@ def classify(trace: Trace, rules: list[Rule] = ()) -> Classified:
         group_size[idx] = gsize_c.astype(np.int64)[sel]
         axis_source[idx] = src_c.astype(np.int8)[sel]
         axis_source[comm_idx[~keep]] = np.array([c.axis_source for c in name_classes], np.int8)[cls_of[~keep]]
+    group_notes = declare(trace.distributed, coords or {}, comm_idx, category, comm_op, comm_axis, comm_group, axis_source)
     inherit_c10d(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source)
-    axis_notes = sequence_parallel(trace, category, comm_idx, comm_op, comm_axis, axis_source)
+    axis_notes = group_notes + sequence_parallel(trace, category, comm_idx, comm_op, comm_axis, axis_source)
     inherit_outer(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source, is_own_span,
                   lambda name: not is_own_span(name))
     counts = np.bincount(inverse, minlength=len(uniq)) if n else np.zeros(len(uniq), np.int64)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..readers.model import DEVICE_CATS, Trace
+from ..readers.model import DEVICE_WORK, Trace
 
-DEVICE_WORK = DEVICE_CATS - {"gpu_user_annotation"}  # what runs on the device (annotations do not)
 
 
 def _named(trace: Trace, low: list[str], *needles: str) -> np.ndarray:

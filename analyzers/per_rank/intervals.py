@@ -1,4 +1,5 @@
-"""Interval arithmetic on numpy arrays: union, difference, intersection with windows.
+"""Interval arithmetic on numpy arrays: union, difference, intersection with windows, and the
+innermost of nested intervals that holds a point (a launch's host op, a launch's step).
 
 An interval set is a pair of sorted, non-overlapping arrays (starts, ends). Every function
 is vectorized: a million kernels cost a sort and a few passes, not a Python loop.
@@ -86,3 +87,42 @@ def covered(iv: Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return np.where(k > 0, cum[j] + partial, 0.0)
 
     return upto(np.asarray(hi, float)) - upto(np.asarray(lo, float))
+
+
+def thread_keys(*pairs: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    """(thread, time) pairs of arrays on one sorted axis, threads apart (thread x span + time): an
+    earlier thread's keys all lie below a later thread's, so one sorted search covers every thread."""
+    lo = min(float(np.min(t)) for _, t in pairs)
+    span = max(float(np.max(t)) for _, t in pairs) - lo + 1.0
+    return [tid * span + (t - lo) for tid, t in pairs]
+
+
+def furthest_so_far(ke: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Over intervals sorted by start: the largest end up to each position, and where it is."""
+    run = np.maximum.accumulate(ke)
+    return run, np.maximum.accumulate(np.where(ke == run, np.arange(len(ke)), 0))
+
+
+def enclosing(tid: np.ndarray, start: np.ndarray, end: np.ndarray, q_tid: np.ndarray, q_t: np.ndarray,
+               ok: np.ndarray | None = None) -> np.ndarray:
+    """For each query (thread, time): the index of the innermost interval on that thread that
+    holds the time (-1: none), preferring intervals where `ok` holds; intervals may nest."""
+    out = np.full(len(q_t), -1, np.int64)
+    if not len(start) or not len(q_t):
+        return out
+    key_s, key_e, key_q = thread_keys((tid, start), (tid, end), (q_tid, q_t))
+    order = np.argsort(key_s, kind="stable")
+    ks, ke = key_s[order], key_e[order]
+    j = np.searchsorted(ks, key_q, side="right") - 1  # the latest-starting interval at or before t
+    has = j >= 0
+    jj = np.maximum(j, 0)
+    inner = has & (ke[jj] >= key_q)
+    if ok is not None:
+        inner &= ok[order][jj]
+    out[inner] = order[jj[inner]]
+    # Otherwise an earlier, longer interval may still hold t: the one with the largest end so far
+    # (threads cannot mix: an earlier thread's keys all lie below this thread's).
+    run, at = furthest_so_far(np.where(ok[order], ke, -np.inf) if ok is not None else ke)
+    outer = has & ~inner & (run[jj] >= key_q)
+    out[outer] = order[at[jj[outer]]]
+    return out

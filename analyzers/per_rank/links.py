@@ -27,53 +27,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..readers.model import Trace, factorize
+from ..readers.model import RUNTIME_CATS, Trace, factorize
+from . import intervals as iv
 from .classify import DECLARED, INFERRED, OTHER_COMM, Classified, category_for, comm_mask
 
 # Where gradient-ready hooks run (DDP's Reducer and FSDP fire their gradient collectives there);
 # a TP layer's backward allreduce or an embedding's backward all-to-all runs in its own node's
 # evaluate_function instead, and keeps the axis of its op.
 _GRAD_HOOK = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
-_ASYNC_HOST_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
-
-
-def _thread_keys(*pairs: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
-    """(thread, time) pairs of arrays on one sorted axis, threads apart (thread x span + time): an
-    earlier thread's keys all lie below a later thread's, so one sorted search covers every thread."""
-    lo = min(float(np.min(t)) for _, t in pairs)
-    span = max(float(np.max(t)) for _, t in pairs) - lo + 1.0
-    return [tid * span + (t - lo) for tid, t in pairs]
-
-
-def _furthest_so_far(ke: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Over intervals sorted by start: the largest end up to each position, and where it is."""
-    run = np.maximum.accumulate(ke)
-    return run, np.maximum.accumulate(np.where(ke == run, np.arange(len(ke)), 0))
-
-
-def _enclosing(tid: np.ndarray, start: np.ndarray, end: np.ndarray, q_tid: np.ndarray, q_t: np.ndarray,
-               ok: np.ndarray | None = None) -> np.ndarray:
-    """For each query (thread, time): the index of the innermost interval on that thread that
-    holds the time (-1: none), preferring intervals where `ok` holds; intervals may nest."""
-    out = np.full(len(q_t), -1, np.int64)
-    if not len(start) or not len(q_t):
-        return out
-    key_s, key_e, key_q = _thread_keys((tid, start), (tid, end), (q_tid, q_t))
-    order = np.argsort(key_s, kind="stable")
-    ks, ke = key_s[order], key_e[order]
-    j = np.searchsorted(ks, key_q, side="right") - 1  # the latest-starting interval at or before t
-    has = j >= 0
-    jj = np.maximum(j, 0)
-    inner = has & (ke[jj] >= key_q)
-    if ok is not None:
-        inner &= ok[order][jj]
-    out[inner] = order[jj[inner]]
-    # Otherwise an earlier, longer interval may still hold t: the one with the largest end so far
-    # (threads cannot mix: an earlier thread's keys all lie below this thread's).
-    run, at = _furthest_so_far(np.where(ok[order], ke, -np.inf) if ok is not None else ke)
-    outer = has & ~inner & (run[jj] >= key_q)
-    out[outer] = order[at[jj[outer]]]
-    return out
 
 
 def link_kernels_to_host_ops(trace: Trace, cls: Classified) -> None:
@@ -101,7 +62,7 @@ def link_kernels_to_host_ops(trace: Trace, cls: Classified) -> None:
     graph = trace.events_named(launch, lambda n: "graphlaunch" in n.lower())
     links["graph_replays"] = int(graph.sum())
     # Host collective ops: communication events off the device that are not runtime calls.
-    host_cat = np.array([c not in _ASYNC_HOST_CATS for c in trace.cats], bool)[trace.cat_id] if trace.cats else ~dev
+    host_cat = np.array([c not in RUNTIME_CATS for c in trace.cats], bool)[trace.cat_id] if trace.cats else ~dev
     host = np.flatnonzero(~dev & comm & host_cat)
     _backward_is_dp(trace, cls, host)
     if not len(k) or not len(host):
@@ -109,7 +70,7 @@ def link_kernels_to_host_ops(trace: Trace, cls: Classified) -> None:
         return
     _merge_host_stack(trace, cls, host)
     has_op = cls.comm_op[host].astype(bool)
-    h = _enclosing(trace.tid_id[host].astype(np.float64), trace.ts[host], trace.ts[host] + trace.dur[host],
+    h = iv.enclosing(trace.tid_id[host].astype(np.float64), trace.ts[host], trace.ts[host] + trace.dur[host],
                    trace.tid_id[launch].astype(np.float64), trace.ts[launch], ok=has_op)
     inside = h >= 0
     links["outside_host_op"] = int((~inside).sum())
@@ -125,13 +86,13 @@ def _parents(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     out = np.full(n, -1, np.int64)
     if n < 2:
         return out
-    ks, ke = _thread_keys((tid, start), (tid, end))
+    ks, ke = iv.thread_keys((tid, start), (tid, end))
     order = np.lexsort((-(end - start), ks))
     ks, ke = ks[order], ke[order]
     prev = np.arange(n) - 1
     pj = np.maximum(prev, 0)
     inner = (prev >= 0) & (ke[pj] >= ks)
-    run, at = _furthest_so_far(ke)
+    run, at = iv.furthest_so_far(ke)
     outer = (prev >= 0) & ~inner & (run[pj] >= ks)
     parent = np.full(n, -1, np.int64)
     parent[inner] = pj[inner]
@@ -194,7 +155,7 @@ def _backward_is_dp(trace: Trace, cls: Classified, ops: np.ndarray) -> None:
     if not len(ops) or not bw_ids:
         return
     bw = np.flatnonzero(np.isin(trace.name_id, bw_ids))
-    inside = _enclosing(trace.tid_id[bw].astype(np.float64), trace.ts[bw], trace.ts[bw] + trace.dur[bw],
+    inside = iv.enclosing(trace.tid_id[bw].astype(np.float64), trace.ts[bw], trace.ts[bw] + trace.dur[bw],
                         trace.tid_id[ops].astype(np.float64), trace.ts[ops]) >= 0
     sel = ops[inside]
     cls.comm_axis[sel] = "dp"

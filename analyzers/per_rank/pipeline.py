@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..readers.coordinates import name_coordinates
 from ..readers.sources import traces_in
 from .attribution import rank_breakdown
 from .calls import Calls, primary_calls
@@ -36,14 +37,19 @@ class RankSummary:
     axis_notes: list[str]  # why an axis is not the op's default (classify)
 
 
-def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None) -> list[RankSummary]:
+def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None,
+              coords: dict[int, dict[str, int]] | None = None) -> list[RankSummary]:
     """Everything the cross-rank step needs from each rank a file holds (one for a Kineto trace; one
-    per process and device for an Nsight export), one rank in memory at a time."""
+    per process and device for an Nsight export), one rank in memory at a time. `coords`: every
+    rank's coordinates from engines' file names (readers/coordinates.py), for the groups' axes."""
     out = []
     for trace in traces_in(file, rank_from):
-        cls = classify(trace, list(rules))
+        name_coordinates(trace)
+        cls = classify(trace, list(rules), coords)
         link_kernels_to_host_ops(trace, cls)
         breakdown = {**rank_breakdown(trace, cls), "device_work": device_counts(trace, cls)}
+        if "coordinates" in trace.extra:
+            breakdown["coordinates"] = trace.extra["coordinates"]
         calls = primary_calls(trace, cls)
         out.append(RankSummary(trace.rank, trace.path, trace.distributed, trace.origin_ns, trace.uncompressed_bytes,
                                breakdown, calls, graph_facts(trace), dict(cls.links), dict(cls.unknown_names),

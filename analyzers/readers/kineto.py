@@ -39,7 +39,7 @@ from .kineto_args import (
     select,
 )
 from .limits import BYTES_PER_EVENT, inflated, max_events, open_checked, read_bytes
-from .model import Trace, TraceError, factorize, rank_in_name
+from .model import LAUNCH_CATS, Trace, TraceError, factorize, rank_in_name
 
 _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")
 _get_name, _get_cat, _get_tid = attrgetter("name"), attrgetter("cat"), attrgetter("tid")
@@ -127,7 +127,8 @@ def _columns_native(path: Path) -> _Columns | None:
     twice) is an error here: handing it to a whole-document decoder would only cost more memory."""
     f, gz, limit = open_checked(path, streamed=True)
     with f:  # a plain file is read straight into the scanner's buffer
-        s = native.scan(inflated(path, f, limit) if gz else f, (*NAME_HINTS, "#" + LAUNCH_HINT), max_rows=max_events(),
+        s = native.scan(inflated(path, f, limit) if gz else f, (*NAME_HINTS, "#" + LAUNCH_HINT, *("@" + c for c in LAUNCH_CATS)),
+                        max_rows=max_events(),
                         chunk=limits.CHUNK)
     if s is None:
         return None
@@ -264,8 +265,11 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     arg_seq = np.full(len(ts), -1, np.int64)
     arg_corr = np.full(len(ts), -1, np.int64)
     arg_row[sorted_idx], dicts, arg_seq[sorted_idx], arg_corr[sorted_idx] = cols.args(order[sorted_idx])
-    # Kernel launches: only their correlation id (they are as many as kernels; no args subset).
-    launch_idx = np.flatnonzero((kinds == 2)[name_id]) if len(cols.names) else np.zeros(0, np.int64)
+    # Kernel launches, and every event of a launch category (device work, runtime calls): only their
+    # correlation id (as many as the kernels; no args subset). A CPU-only trace has none of them.
+    launch_cat = np.fromiter((c.lower() in LAUNCH_CATS for c in cols.cats), bool, len(cols.cats))
+    launch_idx = np.flatnonzero((kinds == 2)[name_id] | (launch_cat[cat_id] & (kinds != 1)[name_id])) \
+        if len(cols.names) else np.zeros(0, np.int64)
     if len(launch_idx):
         arg_corr[launch_idx] = cols.corr(order[launch_idx])
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq, arg_corr,

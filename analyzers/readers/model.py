@@ -21,6 +21,11 @@ import numpy as np
 from commprobe.common.errors import InputError
 
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "Kernel", "Memcpy", "Memset"})
+DEVICE_WORK = DEVICE_CATS - {"gpu_user_annotation"}  # what runs on the device (annotations do not)
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})  # host calls that launch device work
+# Events whose launch correlation every reader keeps (lower case): device work and the runtime
+# calls that launched it. A step's device work is found by it (per_rank/attribution.py).
+LAUNCH_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}) | RUNTIME_CATS
 
 
 class TraceError(InputError):
@@ -42,7 +47,7 @@ class Trace:
     arg_row: np.ndarray  # int32 into arg_dicts; -1 for events whose args were not read
     arg_dicts: list[dict]  # distinct ARG_KEYS subsets of communication candidates' args
     arg_seq: np.ndarray  # int64: the collective's sequence number in its process group (args "Seq"), -1 unknown
-    arg_corr: np.ndarray  # int64: the launch correlation id (args "correlation") of kernels and launches, -1 unknown
+    arg_corr: np.ndarray  # int64: the launch correlation id (args "correlation") of device work and runtime calls, -1 unknown
     origin_ns: int
     distributed: dict | None
     commprobe: dict | None

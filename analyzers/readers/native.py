@@ -38,6 +38,7 @@ class Scanned:
     tid_id: np.ndarray
     name_raw: list[bytes]  # raw JSON tokens (quotes and escapes included); id 0: the field was missing
     name_flags: np.ndarray  # uint8 per name_raw: 0 no hint, 1 a plain hint (args kept), 2 a '#' hint (corr)
+    # (events of an '@' category keep their correlation too, whatever their name's flag)
     cat_raw: list[bytes]
     tid_raw: list[bytes]
     args: bytes  # raw args of the events whose name carries a hint, back to back
@@ -208,7 +209,7 @@ def scan(source, hints: tuple[str, ...], max_token: int = MAX_TOKEN, max_rows: i
     readinto, or an iterable of byte pieces, best small: they are copied in until a chunk is
     there), one chunk of about `chunk` bytes in memory at a time, with the raw args of events
     whose name contains one of `hints` (a hint written '#x': only the args' "correlation"
-    number); Refused (why, where) when the scanner does not accept the input; None when there is
+    number; '@x': events of category x, only that number); Refused (why, where) when the scanner does not accept the input; None when there is
     no scanner here.
 
     An event cut by a chunk's end is scanned again from its start with what follows; so that a huge

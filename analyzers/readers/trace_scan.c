@@ -3,7 +3,9 @@
  * Reads a Kineto/Chrome trace (an object with "traceEvents", or a bare array of events) and
  * keeps, for every complete ("ph": "X") event: ts, dur, and interned name, cat and tid ids; for
  * events whose name may be communication (a hint substring, case-insensitive), the raw bytes
- * of their "args", for args_fields to read a few keys from later. Strings are interned by their
+ * of their "args", for args_fields to read a few keys from later; for events of a category
+ * named by an '@' hint (device work and the runtime calls that launch it), only their args'
+ * "correlation" number: a step's device work is found by it, and a CPU-only trace keeps none. Strings are interned by their
  * raw bytes, copied into the scanner's own arenas, so a chunk can be dropped once scanned:
  * memory is one chunk plus the columns, not the whole trace. Python decodes each distinct string
  * once. scan_feed returns how many bytes it consumed; an event (or top-level value) cut by the
@@ -32,7 +34,7 @@ typedef struct {
     int64_t *off; /* into bytes */
     int32_t *len;
     uint32_t *hash;
-    uint8_t *flag; /* names: 1 when a hint occurs in it (its events' args are kept) */
+    uint8_t *flag; /* names: 1 when a hint occurs in it (args kept), 2 correlation only; cats: 2 when an '@' hint names it */
     int32_t *slot; /* open addressing: id + 1, 0 = empty */
     int64_t nslots;
     arena_t bytes;
@@ -372,6 +374,7 @@ static int has_hint(scan_t *s, const unsigned char *p, int32_t n) {
     int found = 0;
     for (int32_t h = 0; h < s->nhints && found != 1; h++) {
         const char *hint = s->hints[h];
+        if (hint[0] == '@') continue; /* a category's */
         int corr_only = hint[0] == '#';
         if (corr_only && found) continue;
         hint += corr_only;
@@ -381,7 +384,25 @@ static int has_hint(scan_t *s, const unsigned char *p, int32_t n) {
     return found;
 }
 
-/* The id of raw token p[0..n) in t, added (bytes copied) when new. */
+/* 2 when an '@' hint names the category whose raw token (quotes included) is p[0..n), else 0:
+ * its events keep their args' correlation number. Compared ASCII-case-insensitively. */
+static int cat_hint(scan_t *s, const unsigned char *p, int32_t n) {
+    if (n < 2) return 0;
+    for (int32_t h = 0; h < s->nhints; h++) {
+        const char *hint = s->hints[h];
+        if (hint[0] != '@' || (int32_t)strlen(hint + 1) != n - 2) continue;
+        int32_t i = 0;
+        for (; i < n - 2; i++) {
+            unsigned char c = p[1 + i];
+            if ((c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c) != (unsigned char)hint[1 + i]) break;
+        }
+        if (i == n - 2) return 2;
+    }
+    return 0;
+}
+
+/* The id of raw token p[0..n) in t, added (bytes copied) when new; flag 1: a name (hints
+ * decide its flag), 2: a category ('@' hints decide), 0: no flag. */
 static int32_t intern(scan_t *s, table_t *t, const unsigned char *p, int32_t n, int flag) {
     uint32_t h = hash_bytes(p, n);
     if (n < 0 || t->n >= INT32_MAX - 1) return -1; /* ids are int32 */
@@ -417,7 +438,7 @@ static int32_t intern(scan_t *s, table_t *t, const unsigned char *p, int32_t n, 
     t->len[t->n] = n;
     t->hash[t->n] = h;
     /* An escaped name ("record\u005fparam_comms") may decode to a hinted one: keep its args. */
-    t->flag[t->n] = (uint8_t)(flag ? (memchr(p, '\\', (size_t)n) ? 1 : has_hint(s, p, n)) : 0);
+    t->flag[t->n] = (uint8_t)(flag == 2 ? cat_hint(s, p, n) : flag ? (memchr(p, '\\', (size_t)n) ? 1 : has_hint(s, p, n)) : 0);
     t->slot[j] = (int32_t)(t->n + 1);
     return (int32_t)t->n++;
 }
@@ -493,7 +514,7 @@ static int event(cur_t *c) {
             if (*v != '"') FAIL(c, 2);
             int32_t vn;
             if (skip_string(c) || token_len(c, v, &vn)) return -1;
-            int32_t id = intern(s, kn == 4 ? &s->names : &s->cats, v, vn, kn == 4);
+            int32_t id = intern(s, kn == 4 ? &s->names : &s->cats, v, vn, kn == 4 ? 1 : 2);
             if (id < 0) FAIL(c, 3);
             if (kn == 4) { name = id; named = 1; } else cat = id;
         } else if (key_is(k, kn, "ts") || key_is(k, kn, "dur")) {
@@ -512,7 +533,7 @@ static int event(cur_t *c) {
             tid = intern(s, &s->tids, v, vn, 0);
             if (tid < 0) FAIL(c, 3);
         } else if (key_is(k, kn, "args")) {
-            if (named && s->names.flag[name]) { /* a launch or a candidate (name before args, as Kineto writes) */
+            if ((named && s->names.flag[name]) || s->cats.flag[cat]) { /* name or cat before args, as Kineto writes */
                 if (skip_args_correlation(c, &corr)) return -1;
                 have_corr = 1;
             } else if (skip_value(c, 1)) {
@@ -536,14 +557,15 @@ static int event(cur_t *c) {
     s->name[i] = name;
     s->cat[i] = cat;
     s->tid[i] = tid;
-    if (!args || !s->names.flag[name]) return 0;
+    uint8_t want = s->names.flag[name] ? s->names.flag[name] : s->cats.flag[cat];
+    if (!args || !want) return 0;
     if (reserve_kept(s)) FAIL(c, 3);
     int64_t k = s->nk++;
     s->k_row[k] = i;
     s->k_corr[k] = have_corr ? corr : find_correlation(args, args_len);
     s->k_off[k] = -1;
     s->k_len[k] = 0;
-    if (s->names.flag[name] == 1 || s->k_corr[k] == -2) { /* -2: Python reads these args */
+    if (want == 1 || s->k_corr[k] == -2) { /* -2: Python reads these args */
         int64_t off = arena_put(&s->args, args, args_len);
         if (off < 0) FAIL(c, 3);
         s->k_off[k] = off;
