@@ -43,8 +43,14 @@ def truth(path) -> dict:
             inside = sum(max(0.0, min(k["ts"] + k["dur"], m["ts"] + m["dur"]) - max(k["ts"], m["ts"])) for m in marks)
             busy, outside = busy + k["dur"], outside + k["dur"] - inside
             after += max(0.0, k["ts"] + k["dur"] - max(k["ts"], hi))
+    call_ts = {c["args"]["correlation"]: c["ts"] for c in calls}
+    dev = [k for ks in work.values() for k in ks]
+    no_launch = sum(k["args"]["correlation"] not in call_ts for k in dev)
+    between = sum(k["args"]["correlation"] in call_ts and not any(
+        s["ts"] <= call_ts[k["args"]["correlation"]] <= s["ts"] + s["dur"] for s in steps) for k in dev)
     return {"spans": spans, "empty": empty, "outside_pct": 100 * outside / busy if marks and busy else None,
-            "after_pct": 100 * after / busy if busy else 0.0}
+            "after_pct": 100 * after / busy if busy else 0.0, "launched": len(dev) - no_launch - between,
+            "no_launch": no_launch, "between": between}
 
 
 def _same_spans(got: list, want: list) -> None:
@@ -67,6 +73,8 @@ def test_real_step_windows_span_the_work_each_step_launched(shared_traces, name)
     assert rule["rule"] == "profiler-step" and rule["windows_from"] == "launched work"
     assert rule["steps_without_device_work"] == want["empty"]
     assert rule["launched_after_host_range_pct"] == pytest.approx(want["after_pct"], abs=1e-6)
+    assert (rule["launched_events"], rule["device_work_without_launch"], rule["device_work_outside_steps"]) == \
+        (want["launched"], want["no_launch"], want["between"])
     _same_spans(r["windows"]["step"], want["spans"])
     assert r["phases"]["step"]["e2e_us"] == pytest.approx(sum(b - a for a, b in want["spans"]), abs=1e-2)
     if want["outside_pct"] is None:
@@ -132,6 +140,14 @@ def test_a_host_running_a_step_ahead_counts_no_time_twice(tmp_path):
     assert r["windows"]["step"] == [[0.0, 1050.0], [1050.0, 2050.0]]
     assert r["phases"]["step"]["e2e_us"] == pytest.approx(2050) and r["phases"]["step"]["idle_us"] == pytest.approx(50)
     assert r["phase_rule"]["launched_outside_own_window_pct"] == 0.0
+
+
+def test_work_launched_between_steps_or_by_no_call_in_the_trace_is_counted_not_placed(tmp_path):
+    events = [ev("ProfilerStep#1", 0, 100, HOST, "user_annotation"), *launched("gemm", 50, 100, 1, 10, stream=7),
+              *launched("gemm", 300, 100, 2, 200, stream=7),  # launched between steps
+              ev("gemm", 500, 100, 7, "kernel", correlation=99)]  # its cudaLaunchKernel is not in the trace
+    rule = analyze(write(tmp_path / "t.json.gz", events))["ranks"][0]["phase_rule"]
+    assert (rule["launched_events"], rule["device_work_outside_steps"], rule["device_work_without_launch"]) == (1, 1, 1)
 
 
 def test_without_correlation_the_gpu_marker_is_used_and_said(tmp_path):

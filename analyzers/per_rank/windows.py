@@ -18,7 +18,9 @@ host runs a step ahead; launched work that thereby lies in a neighbour's window 
 are used only where nothing links: a real MI250 trace's ProfilerStep marker covers 62 % of the
 step's launched work, so where both exist the share of launched work outside the markers is
 reported (`device_markers`), not trusted. A step that launched nothing keeps its host range and
-is counted (`steps_without_device_work`).
+is counted (`steps_without_device_work`); device work launched between steps, or whose runtime
+call is not in the trace, belongs to no step and is counted (`device_work_outside_steps`,
+`device_work_without_launch`).
 """
 
 from __future__ import annotations
@@ -96,12 +98,14 @@ def _launched(trace: Trace, host: np.ndarray, marks: np.ndarray) -> tuple[tuple[
     # launch -> the annotation holding its start (innermost; any thread of the process)
     zeros = np.zeros(len(host))
     owner = iv.enclosing(zeros, trace.ts[host], trace.ts[host] + trace.dur[host], np.zeros(len(launch)), trace.ts[launch])
-    launch, owner = launch[owner >= 0], owner[owner >= 0]
-    # device event -> its launch's step, by correlation id
-    step_of = _by_id(corr[launch], owner, corr[work])
+    # device event -> its launch by correlation id -> that launch's step
+    which = _by_id(corr[launch], np.arange(len(launch)), corr[work])
+    step_of = np.where(which >= 0, owner[np.maximum(which, 0)], -1)
     found = step_of >= 0
     if not found.any():
         return None, {}
+    counted = {"device_work_without_launch": int((which < 0).sum()),  # its runtime call is not in the trace
+               "device_work_outside_steps": int(((which >= 0) & ~found).sum())}  # launched between steps
     work, step = work[found], step_of[found]
     w_lo, w_dur = trace.ts[work], trace.dur[work]
     w_hi = w_lo + w_dur
@@ -119,7 +123,7 @@ def _launched(trace: Trace, host: np.ndarray, marks: np.ndarray) -> tuple[tuple[
     launched_any[step] = True
     busy = float(w_dur.sum())
     own = np.maximum(0.0, np.minimum(w_hi, hi[step]) - np.maximum(w_lo, lo[step]))
-    how = {"windows_from": "launched work", "launched_events": int(len(work)),
+    how = {"windows_from": "launched work", "launched_events": int(len(work)), **counted,
            "steps_without_device_work": int((~launched_any).sum()),
            # launched work past its host range (the device running behind): inside the windows now
            "launched_after_host_range_pct": _pct(float(np.maximum(0.0, w_hi - np.maximum(w_lo, h_hi[step])).sum()), busy),
