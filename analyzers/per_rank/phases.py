@@ -59,7 +59,13 @@ class PhaseRule:
 
     def claims(self, name: str) -> bool:
         """Whether `name` is one of this rule's annotations, parsed or malformed."""
-        return name.startswith(self.prefix) and (self.looks is None or bool(self.looks.match(name)))
+        return bool(self.claimed([name], [0]))
+
+    def claimed(self, names: list[str], idx: list[int]) -> list[int]:
+        """Those of names[i], i in `idx`, that are this rule's annotations (claims, over a list:
+        one startswith per name, the look only for those)."""
+        mine = [i for i in idx if names[i].startswith(self.prefix)]
+        return mine if self.looks is None else [i for i in mine if self.looks.match(names[i])]
 
 
 def _ctx_gen(ctx: int, gen: int) -> str:

@@ -44,10 +44,7 @@ def windows(trace: Trace, on_device: bool, busy_mask: np.ndarray) -> tuple[dict[
     candidates = [i for i, n in enumerate(trace.names) if n.startswith(starts)]
     unparsed: list[int] = []  # names a rule claims but cannot parse, over every rule
     for rule in RULES:
-        mine = [i for i in candidates if trace.names[i].startswith(rule.prefix)]
-        if rule.looks is not None:
-            mine = [i for i in mine if rule.looks.match(trace.names[i])]
-        parsed = {i: rule.pattern.match(trace.names[i]) for i in mine}  # rule.claims, by list
+        parsed = {i: rule.pattern.match(trace.names[i]) for i in rule.claimed(trace.names, candidates)}
         unparsed += [i for i, m in parsed.items() if m is None]
         good = {i: m for i, m in parsed.items() if m}
         if not good:
