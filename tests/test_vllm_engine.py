@@ -20,7 +20,7 @@ import time
 import pytest
 
 from commprobe.analyzers.analysis import analyze
-from tests.vllm_engine import post, raw, serve, union, venv_python, wait_for_traces
+from tests.vllm_engine import allreduce_in_steps, post, raw, serve, steps_by_phase, venv_python, wait_for_traces
 
 PROMPTS = ["the model splits layers across ranks and every layer ends in an allreduce of its output",
            "decode steps are small and latency bound while prefill steps are large and compute bound"]
@@ -60,30 +60,16 @@ def test_a_real_vllm_profile_directory_analyzes_with_its_steps_and_allreduces(vl
     r = analyze(vllm_profile)
     assert [x["rank"] for x in r["ranks"]] == [0, 1]
     assert [s["file"] for s in r["source"]["skipped"]] == [str(front[0])]
-    import re
-
-    step = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
     for trace, rank in zip(ranks, r["ranks"]):
         ev = raw(trace)
         # truth 1: the engine's steps by phase, from the step annotations
-        want: dict[str, int] = {}
-        windows = []
-        for e in ev:
-            m = step.match(e["name"])
-            if m:
-                ctx, gen = int(m.group(1)), int(m.group(3))
-                ph = "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle-step"
-                want[ph] = want.get(ph, 0) + 1
-                windows.append((e["ts"], e["ts"] + e["dur"]))
+        want, windows = steps_by_phase(ev)
         got = {ph: st["steps"] for ph, st in rank["phase_rule"]["engine_steps"].items()}
         assert rank["phase_rule"]["rule"] == "vllm-v1" and got == want, (got, want)
         assert want.get("prefill", 0) + want.get("mixed", 0) >= 2 and want.get("decode", 0) >= 1
         # truth 2: vLLM's CPU TP allreduce, its time inside the steps
-        ar = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] == "_C::shm_allreduce"]
-        assert ar, "no _C::shm_allreduce in a TP=2 vLLM CPU trace"
-        inside = [(max(a, wa), min(b, wb)) for a, b in ar for wa, wb in windows if a < wb and b > wa]
         got_us = sum(p["categories"]["tp_allreduce"]["total_us"] for p in rank["phases"].values())
-        assert got_us == pytest.approx(union(inside), rel=0.01)
+        assert got_us == pytest.approx(allreduce_in_steps(ev, windows), rel=0.01)
 
 
 def test_commprobe_capture_against_the_real_server(vllm_server, vllm_profile, tmp_path):

@@ -16,10 +16,9 @@ import re
 import pytest
 
 from commprobe.analyzers.analysis import analyze
-from tests.vllm_engine import post, raw, serve, union, venv_python, wait_for_traces
+from tests.vllm_engine import allreduce_in_steps, post, raw, serve, steps_by_phase, venv_python, wait_for_traces
 
 NAME = re.compile(r"^dp(\d+)_pp(\d+)_tp(\d+)_dcp(\d+)_ep(\d+)_rank(\d+)\.\d+\.pt\.trace\.json\.gz$")
-STEP = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +44,9 @@ def test_real_moe_workers_are_named_by_their_coordinates_and_read(moe_profile):
     assert len(r["source"]["skipped"]) == 1  # the API server's front-end trace
     for trace, rank in zip(workers, r["ranks"]):
         ev = raw(trace)
-        steps, windows = {}, []
-        for e in ev:
-            m = STEP.match(e["name"])
-            if m:
-                ctx, gen = int(m.group(1)), int(m.group(3))
-                ph = "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle-step"
-                steps[ph] = steps.get(ph, 0) + 1
-                windows.append((e["ts"], e["ts"] + e["dur"]))
+        steps, windows = steps_by_phase(ev)
         assert {ph: st["steps"] for ph, st in rank["phase_rule"]["engine_steps"].items()} == steps
         assert steps.get("decode", 0) >= 3  # 4 tokens: one from the prefill step, three decodes
         # the experts' output is all-reduced over TP (no --enable-expert-parallel): TP allreduce time
-        ar = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] == "_C::shm_allreduce"]
-        assert ar
-        inside = [(max(a, wa), min(b, wb)) for a, b in ar for wa, wb in windows if a < wb and b > wa]
         got = sum(p["categories"]["tp_allreduce"]["total_us"] for p in rank["phases"].values())
-        assert got == pytest.approx(union(inside), rel=0.01)
+        assert got == pytest.approx(allreduce_in_steps(ev, windows), rel=0.01)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,6 +51,31 @@ def union(spans: list[tuple[float, float]]) -> float:
             total += b - max(a, end)
             end = b
     return total
+
+
+STEP = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")  # gpu_worker.py annotate_profile
+
+
+def steps_by_phase(events: list[dict]) -> tuple[dict[str, int], list[tuple[float, float]]]:
+    """Truth from the raw events: the engine's steps per phase (context only: prefill; generation
+    only: decode; both: mixed) and every step's span."""
+    steps: dict[str, int] = {}
+    windows = []
+    for e in events:
+        m = STEP.match(e["name"])
+        if m:
+            ctx, gen = int(m.group(1)), int(m.group(3))
+            ph = "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle-step"
+            steps[ph] = steps.get(ph, 0) + 1
+            windows.append((e["ts"], e["ts"] + e["dur"]))
+    return steps, windows
+
+
+def allreduce_in_steps(events: list[dict], windows: list[tuple[float, float]]) -> float:
+    """µs of vLLM's CPU TP allreduce (`_C::shm_allreduce`) inside the step spans, as a union."""
+    ar = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == "_C::shm_allreduce"]
+    assert ar, "no _C::shm_allreduce in a TP=2 vLLM CPU trace"
+    return union([(max(a, wa), min(b, wb)) for a, b in ar for wa, wb in windows if a < wb and b > wa])
 
 
 def venv_python() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..readers.model import DEVICE_WORK, Trace
+from ..readers.model import Trace
 
 
 
@@ -26,8 +26,7 @@ def graph_facts(trace: Trace) -> dict:
     low = [n.lower() for n in trace.names]
     launches = _named(trace, low, "graphlaunch")
     capture = _named(trace, low, "streambegincapture", "streamendcapture", "graphinstantiate")
-    work = np.array([c in DEVICE_WORK for c in trace.cats], bool)[trace.cat_id] if trace.cats else np.zeros(0, bool)
-    kernels = trace.ts[work]  # the trace's events are sorted by start
+    kernels = trace.ts[trace.is_device_work()]  # the trace's events are sorted by start
     empty = 0
     if len(launches):
         t = np.sort(trace.ts[launches])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..readers.model import DEVICE_WORK, Trace
+from ..readers.model import Trace
 from . import intervals as iv
 from .phases import RULES, PhaseRule
 
@@ -85,8 +85,7 @@ def _launched(trace: Trace, host: np.ndarray, marks: np.ndarray) -> tuple[tuple[
     dev, corr = trace.is_device(), trace.arg_corr
     has = corr >= 0
     launch = np.flatnonzero(~dev & has)
-    is_work = np.fromiter((c in DEVICE_WORK for c in trace.cats), bool, len(trace.cats))[trace.cat_id] if trace.cats else dev
-    all_work = np.flatnonzero(is_work)
+    all_work = np.flatnonzero(trace.is_device_work())
     work = all_work[has[all_work]]
     unlinked = len(all_work) - len(work)
     if not len(launch) or not len(work) or unlinked > MAX_UNCORRELATED * len(all_work):

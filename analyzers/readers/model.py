@@ -54,6 +54,7 @@ class Trace:
     uncompressed_bytes: int
     extra: dict = field(default_factory=dict)
     _device: np.ndarray | None = field(default=None, repr=False)
+    _work: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def end(self) -> np.ndarray:
@@ -65,6 +66,14 @@ class Trace:
             dev = np.array([c in DEVICE_CATS for c in self.cats], dtype=bool)
             self._device = dev[self.cat_id] if len(self.cats) else np.zeros(0, bool)
         return self._device
+
+    def is_device_work(self) -> np.ndarray:
+        """Events that run on the device (kernels, copies, memsets; not GPU-side annotations);
+        computed once (graph facts and step windows both ask)."""
+        if self._work is None:
+            work = np.array([c in DEVICE_WORK for c in self.cats], dtype=bool)
+            self._work = work[self.cat_id] if len(self.cats) else np.zeros(0, bool)
+        return self._work
 
     def args(self, i: int) -> dict:
         """The ARG_KEYS fields of event i's args ({} where absent or not read)."""

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import TraceError, codes, factorize
-from .parts import Source, assemble, each_part
+from .parts import Source, assemble, each_part_of
 from .sqlite_export import lookup, open_readonly, query, tables
 
 KNOWN_MAJORS = (2, 3)
@@ -135,15 +135,9 @@ def load_exports(path: str | Path, rank_from: str | None = None):
     """One Trace per (process, device) of an export, one at a time."""
     path = Path(path)
     ex = Export(path)
-    try:
-        parts = ex.parts()
-        if not parts:
-            raise TraceError(f"{path}: an Nsight Systems export without CUDA kernels, copies or runtime calls")
-        yield from each_part(path, parts, "pid={},device={}", ex.thread_rank, rank_from,
-                             lambda pid, dev, rank, first, label: _load_part(ex, pid, dev, rank, first, label),
-                             device_index=lambda pid, dev: dev if dev >= 0 else None)
-    finally:
-        ex.db.close()
+    yield from each_part_of(path, ex, "an Nsight Systems export without CUDA kernels, copies or runtime calls",
+                            "pid={},device={}", ex.thread_rank, rank_from, _load_part,
+                            device_index=lambda pid, dev: dev if dev >= 0 else None)
 
 
 def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool, label: str):

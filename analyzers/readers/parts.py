@@ -63,6 +63,22 @@ def each_part(path: Path, parts: list[tuple[int, int]], unit: str, own_rank: Cal
         yield t
 
 
+def each_part_of(path: Path, source, empty: str, unit: str, own_rank: Callable[[int], int | None],
+                 rank_from: str | None, load: Callable[..., Trace],
+                 device_index: Callable[[int, int], int | None] | None = None) -> Iterator[Trace]:
+    """each_part over an opened database reader (`source`: its `parts()` and its connection
+    `db`): `empty` says what the file lacks where it has no part; `load(source, pid, device, rank,
+    first_of_process, label)`; the connection is closed however the iteration ends."""
+    try:
+        parts = source.parts()
+        if not parts:
+            raise TraceError(f"{path}: {empty}")
+        yield from each_part(path, parts, unit, own_rank, rank_from,
+                             lambda pid, dev, rank, first, label: load(source, pid, dev, rank, first, label), device_index)
+    finally:
+        source.db.close()
+
+
 @dataclass
 class Source:
     """One kind of event of one rank: times in ns, a name per row (codes into `names`), the

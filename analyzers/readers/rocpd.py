@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .model import TraceError, codes
-from .parts import Source, assemble, each_part
-from .sqlite_export import lookup, open_readonly, query, tables
+from .parts import Source, assemble, each_part_of
+from .sqlite_export import lookup, open_readonly, query, schema_version, tables
 
 KNOWN_SCHEMAS = ("3",)
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -43,13 +43,12 @@ class Database:
         self.path = path
         self.db = open_readonly(path)
         self.tables = tables(self.db, path)
-        row = (self.db.execute("SELECT value FROM rocpd_metadata WHERE tag = 'schema_version'").fetchone()
-               if "rocpd_metadata" in self.tables else None)
-        if not row:
+        version = schema_version(self.db, self.tables)
+        if version is None:
             raise TraceError(f"{path}: a rocpd database without its schema_version (rocpd_metadata)")
-        if str(row[0]) not in KNOWN_SCHEMAS:
-            raise TraceError(f"{path}: rocpd schema {row[0]} is not one this version reads ({', '.join(KNOWN_SCHEMAS)})")
-        self.version = str(row[0])
+        if version not in KNOWN_SCHEMAS:
+            raise TraceError(f"{path}: rocpd schema {version} is not one this version reads ({', '.join(KNOWN_SCHEMAS)})")
+        self.version = version
 
     def query(self, sql: str, args: tuple = (), ncols: int = 0) -> np.ndarray:
         return query(self.db, self.path, sql, args, ncols)
@@ -87,14 +86,8 @@ def load_databases(path: str | Path, rank_from: str | None = None):
     """One Trace per (process, GPU agent) of a rocpd database, one at a time."""
     path = Path(path)
     d = Database(path)
-    try:
-        parts = d.parts()
-        if not parts:
-            raise TraceError(f"{path}: a rocpd database without kernel dispatches or memory copies")
-        yield from each_part(path, parts, "process={},agent={}", d.env_rank, rank_from,
-                             lambda pid, agent, rank, first, label: _load_part(d, pid, agent, rank, first, label))
-    finally:
-        d.db.close()
+    yield from each_part_of(path, d, "a rocpd database without kernel dispatches or memory copies", "process={},agent={}",
+                            d.env_rank, rank_from, _load_part)
 
 
 def _load_part(d: Database, pid: int, agent: int, rank: int, first_of_process: bool, label: str):

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from .model import TraceError, codes
-from .parts import Source, assemble, each_part
-from .sqlite_export import lookup, open_readonly, query, tables
+from .parts import Source, assemble, each_part_of
+from .sqlite_export import lookup, open_readonly, query, schema_version, tables
 
 RPD_TABLES = frozenset({"rocpd_op", "rocpd_api", "rocpd_api_ops", "rocpd_string"})
 KNOWN_SCHEMAS = ("2",)  # rocpd_metadata schema_version; files without metadata are read as the same layout
@@ -64,10 +64,9 @@ class File:
         self.path = path
         self.db = open_readonly(path)
         self.tables = tables(self.db, path)
-        row = (self.db.execute("SELECT value FROM rocpd_metadata WHERE tag = 'schema_version'").fetchone()
-               if "rocpd_metadata" in self.tables else None)
-        self.version = str(row[0]) if row else "unversioned"
-        if row and self.version not in KNOWN_SCHEMAS:
+        version = schema_version(self.db, self.tables)
+        self.version = "unversioned" if version is None else version
+        if version is not None and version not in KNOWN_SCHEMAS:
             raise TraceError(f"{path}: RPD schema {self.version} is not one this version reads ({', '.join(KNOWN_SCHEMAS)})")
         self.empty = self._one("SELECT id FROM rocpd_string WHERE string = ''", -1)
         self.only_pid = self._only_pid()
@@ -108,15 +107,8 @@ class File:
 def load_files(path: str | Path, rank_from: str | None = None):
     """One Trace per (process, GPU) of an RPD file, one at a time."""
     path = Path(path)
-    f = File(path)
-    try:
-        parts = f.parts()
-        if not parts:
-            raise TraceError(f"{path}: an RPD file without device work (rocpd_op is empty)")
-        yield from each_part(path, parts, "process={},gpu={}", lambda pid: None, rank_from,
-                             lambda pid, gpu, rank, first, label: _load_part(f, pid, gpu, rank, first, label))
-    finally:
-        f.db.close()
+    yield from each_part_of(path, File(path), "an RPD file without device work (rocpd_op is empty)", "process={},gpu={}",
+                            lambda pid: None, rank_from, _load_part)
 
 
 def _load_part(f: File, pid: int, gpu: int, rank: int, first_of_process: bool, label: str):

@@ -48,6 +48,14 @@ def tables(db: sqlite3.Connection, path: Path) -> set[str]:
         raise TraceError(f"{path}: {why(e)}") from None
 
 
+def schema_version(db: sqlite3.Connection, names: set[str]) -> str | None:
+    """The `schema_version` a rocpd-lineage file records in `rocpd_metadata` (rocpd databases and
+    RPD files both), or None."""
+    row = (db.execute("SELECT value FROM rocpd_metadata WHERE tag = 'schema_version'").fetchone()
+           if "rocpd_metadata" in names else None)
+    return str(row[0]) if row else None
+
+
 def query(db: sqlite3.Connection, path: Path, sql: str, args: tuple = (), ncols: int = 0) -> np.ndarray:
     """All rows of an all-integer query (NULLs coalesced in the SQL) as an (n, ncols) int64 array,
     a batch at a time."""
