@@ -2,7 +2,7 @@
 
     python bench/amd_formats.py [--rounds 7] [--scale 10]
 
-For each real file in ../shared/traces/amd/ (the rocprofv3 JSON also repeated --scale times
+For each real file in tests/data/traces/amd/ (the rocprofv3 JSON also repeated --scale times
 along its timeline, for a size where reading dominates): the file is read once with commprobe's
 reader, and the Trace it gives is written back as a Kineto JSON of the same events (names,
 times, categories, correlation ids). Then, A B A B ... (`--rounds` each), the reader alone in
@@ -28,7 +28,7 @@ from bench.hostile import run  # noqa: E402
 from commprobe.analyzers.readers.model import DEVICE_CATS  # noqa: E402
 from commprobe.analyzers.readers.sources import traces_in  # noqa: E402
 
-AMD = ROOT.parent / "shared" / "traces" / "amd"
+AMD = ROOT / "tests" / "data" / "traces" / "amd"
 
 
 def as_kineto(src: Path, out: Path) -> int:

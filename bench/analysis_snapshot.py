@@ -14,7 +14,7 @@ from pathlib import Path
 
 from commprobe.analyzers.analysis import analyze
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SHARED = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 INPUTS = [
     SHARED / "facebookresearch-param",
     SHARED / "hta" / "nccl_parser_config_nccl_data.json.gz",

@@ -1,7 +1,7 @@
 """Cross-check and race commprobe's analyzers against HolisticTraceAnalysis (HTA).
 
     python -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis msgspec
-    /tmp/hta/bin/python bench/analyzer_vs_hta.py [--shared ../shared/traces/hta] [--generate-mb 520]
+    /tmp/hta/bin/python bench/analyzer_vs_hta.py [--shared tests/data/traces/hta] [--generate-mb 520]
 
 HTA is used here only, never as a dependency. For each shared trace: HTA's comm/compute
 overlap (get_comm_comp_overlap) beside ours (whole trace, and per ProfilerStep: HTA analyzes
@@ -135,7 +135,7 @@ def single_dir(f: Path, tmp: Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "traces" / "hta"))
+    ap.add_argument("--shared", default=str(ROOT / "tests" / "data" / "traces" / "hta"))
     ap.add_argument("--generate-mb", type=float, default=580.0, help="total uncompressed MB of the 8-rank set (0: skip)")
     ap.add_argument("--repeats", type=int, default=7, help="runs per tool and shared trace, in one process (median)")
     args = ap.parse_args()

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from commprobe.analyzers.readers import limits, native
 
-SHARED = ROOT.parent / "shared" / "traces"
+SHARED = ROOT / "tests" / "data" / "traces"
 
 
 def inputs(gen_mb: float) -> dict[str, bytes]:

@@ -5,7 +5,7 @@ processes, A B A B ..., medians (the issue's goal: the export in at most 2x the 
 
 Both files hold the same kind of step (a GEMM, an NCCL allreduce and all-to-all with their
 launches and NVTX ranges, a copy), repeated until the file reaches --mb; the export uses the
-table definitions of the real export in ../shared/traces/hpcgroup-pipit. Written to a temporary
+table definitions of the real export in tests/data/traces/hpcgroup-pipit. Written to a temporary
 directory, removed at the end.
 """
 
@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     if not CLOVER.exists() or not SAXPY.exists():
-        raise SystemExit("needs ../shared/traces/hpcgroup-pipit (the export's table definitions)")
+        raise SystemExit("needs tests/data/traces/hpcgroup-pipit (the export's table definitions)")
     tmp = Path(tempfile.mkdtemp(prefix="commprobe-sqlite-"))
     try:
         t = time.perf_counter()

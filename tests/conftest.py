@@ -5,14 +5,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_TRACES = ROOT.parent / "shared" / "traces"
+REAL_TRACES = ROOT / "tests" / "data" / "traces"
 
 
 @pytest.fixture(scope="session")
-def shared_traces() -> Path:
-    if not SHARED_TRACES.is_dir():
-        pytest.skip(f"real traces not found at {SHARED_TRACES}")
-    return SHARED_TRACES
+def real_traces() -> Path:
+    """The real profiler output shipped with the repository (tests/data/traces/README.md: sources and
+    licences): a test that needs it fails, never skips, where it is missing."""
+    assert (REAL_TRACES / "README.md").is_file(), f"real traces missing from {REAL_TRACES} (part of the repository)"
+    return REAL_TRACES
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300):

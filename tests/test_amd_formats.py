@@ -1,5 +1,5 @@
 """AMD's other two trace formats (issue: RPD and rocprofv3 JSON): the real files in
-../shared/traces/amd/ analyze with exactly the counts an independent script (sqlite3, json) finds
+tests/data/traces/amd/ analyze with exactly the counts an independent script (sqlite3, json) finds
 in them; synthetic files built on the real files' schema cover what the real ones lack (an RCCL
 kernel under a PyTorch op in RPD; hip_api, rccl_api and roctx ranges in rocprofv3 JSON); bad
 input is one line and exit 2."""
@@ -18,11 +18,10 @@ import pytest
 from commprobe.analyzers.analysis import analyze
 from tests.conftest import assert_one_line_exit_2, run_cli
 
-AMD = Path(__file__).resolve().parents[2] / "shared" / "traces" / "amd"
+AMD = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces" / "amd"
 RPD = AMD / "rpd_vllm_mi300_mytrace.rpd.gz"
 ROCPROF = AMD / "rocprofv3_mi350_pid908_results.json.gz"
-needs_shared = pytest.mark.skipif(not (RPD.exists() and ROCPROF.exists()),
-                                  reason="../shared/traces/amd/ is not here (the real AMD files)")
+needs_shared = pytest.mark.usefixtures("real_traces")  # the real AMD files ship in tests/data
 
 
 @pytest.fixture(scope="module")

@@ -178,8 +178,8 @@ TRACES = {
 
 
 @pytest.mark.parametrize("name", sorted(TRACES))
-def test_shared_real_traces_load_classify_and_analyze(shared_traces, name):
-    path = shared_traces / "hta" / name
+def test_shared_real_traces_load_classify_and_analyze(real_traces, name):
+    path = real_traces / "hta" / name
     t = load_trace(path)
     cls = classify(t)
     link_kernels_to_host_ops(t, cls)
@@ -196,10 +196,10 @@ def test_shared_real_traces_load_classify_and_analyze(shared_traces, name):
         assert r["ranks"][0]["rank"] == int(name.split("rank-")[1].split(".")[0].split("_")[0])
 
 
-def test_two_real_ranks_in_one_directory(shared_traces, tmp_path):
+def test_two_real_ranks_in_one_directory(real_traces, tmp_path):
     for r in (0, 1):
         (tmp_path / f"trace_filter_sampled_rank-{r}.json.gz").symlink_to(
-            shared_traces / "hta" / f"trace_filter_sampled_rank-{r}.json.gz")
+            real_traces / "hta" / f"trace_filter_sampled_rank-{r}.json.gz")
     res = analyze(tmp_path)
     assert [x["rank"] for x in res["ranks"]] == [0, 1]
     assert res["collectives"]["matched_calls"] == 10

@@ -181,11 +181,11 @@ DLRM_SIZES = {"all_to_all": sorted([24576.0, 192.0, 1536.0, 13568.0, 24576.0]),
               "allreduce": sorted([1576964.0, 448.0, 907840.0])}
 
 
-def test_real_dlrm_set_is_all_to_all_and_ddp_allreduce(shared_traces):
+def test_real_dlrm_set_is_all_to_all_and_ddp_allreduce(real_traces):
     """8 ranks of a real DLRM step: 5 SendRecv kernels launched by nccl:all_to_all and 3 AllReduce by
     nccl:all_reduce per rank (all in DDP's gradient hook), never CP ring; rank 7 arrives last in 5
     of the 8 collectives (counted from the raw kernels' start times)."""
-    d = shared_traces / "facebookresearch-param"
+    d = real_traces / "facebookresearch-param"
     for f in sorted(d.glob("*.json.gz")):
         got, links = kernel_classes(f)
         assert links["linked"] == 8 == links["comm_kernels"]

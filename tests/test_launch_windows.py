@@ -1,6 +1,6 @@
 """A step's device window joins its host range with the device work it launched (by
 correlation), tiled so no time counts twice; never its GPU-side marker alone. Truth here is computed from the raw JSON by this file's own
-few lines (json + gzip), never from the analyzer; the traces are real (../shared/traces)."""
+few lines (json + gzip), never from the analyzer; the traces are real (tests/data/traces)."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ def _same_spans(got: list, want: list) -> None:
                                   "hta/nccl_parser_config_nccl_data.json.gz",
                                   "hta/trace_filter_sampled_rank-1.json.gz",
                                   "facebookresearch-param/worker3_step_12.1694128201557.pt.trace.json.gz"])
-def test_real_step_windows_span_the_work_each_step_launched(shared_traces, name):
-    path = shared_traces / name
+def test_real_step_windows_span_the_work_each_step_launched(real_traces, name):
+    path = real_traces / name
     want = truth(path)
     r = analyze(path)["ranks"][0]
     rule = r["phase_rule"]
@@ -83,19 +83,19 @@ def test_real_step_windows_span_the_work_each_step_launched(shared_traces, name)
         assert rule["device_markers"]["launched_outside_pct"] == pytest.approx(want["outside_pct"], abs=0.01)
 
 
-def test_mi250_marker_misses_launched_work_and_the_window_does_not(shared_traces):
+def test_mi250_marker_misses_launched_work_and_the_window_does_not(real_traces):
     """The case that sent an engineer the wrong way: the GPU-side marker is 1,031 µs long; the
     step's launched work runs 8,912 µs inside its 9,288 µs host range. The window is the latter
     (the second step launched nothing: its host range, counted)."""
-    path = shared_traces / "hta/amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    path = real_traces / "hta/amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
     r = analyze(path)["ranks"][0]
     (a, b), _ = sorted(r["windows"]["step"])
     assert b - a == pytest.approx(9288.3, abs=0.1)
     assert r["phase_rule"]["device_markers"]["launched_outside_pct"] == pytest.approx(38.2, abs=0.05)
 
 
-def test_cpu_only_trace_keeps_host_ranges(shared_traces):
-    r = analyze(shared_traces / "hta/cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")["ranks"][0]
+def test_cpu_only_trace_keeps_host_ranges(real_traces):
+    r = analyze(real_traces / "hta/cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")["ranks"][0]
     assert r["phase_rule"]["windows_from"] == "host ranges"
 
 

@@ -15,10 +15,10 @@ from commprobe.analyzers.analysis import analyze
 from commprobe.analyzers.readers.sources import traces_in
 from tests.conftest import ROOT, run_cli
 
-PIPIT = ROOT.parent / "shared" / "traces" / "hpcgroup-pipit"
+PIPIT = ROOT / "tests" / "data" / "traces" / "hpcgroup-pipit"
 SAXPY = PIPIT / "saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
 CLOVER = PIPIT / "perlmutter-cloverleaf-cuda.sqlite"
-needs_pipit = pytest.mark.skipif(not SAXPY.exists(), reason="../shared/traces/hpcgroup-pipit is not here")
+needs_pipit = pytest.mark.usefixtures("real_traces")  # the real exports ship in tests/data (fails, never skips, without them)
 
 
 def _sql(path, q, *args):
@@ -200,8 +200,6 @@ def _comparable(a: dict) -> dict:
 
 
 def test_a_synthetic_nccl_export_analyzes_like_the_same_scenario_in_kineto_json(tmp_path):
-    if not CLOVER.exists():
-        pytest.skip("../shared/traces/hpcgroup-pipit is not here (the schema comes from it)")
     kineto, sq = tmp_path / "kineto", tmp_path / "nsys"
     kineto.mkdir()
     sq.mkdir()
@@ -219,8 +217,6 @@ def test_a_synthetic_nccl_export_analyzes_like_the_same_scenario_in_kineto_json(
 
 
 def test_a_directory_of_exports_one_per_rank_and_the_rank_from_pattern(tmp_path):
-    if not CLOVER.exists():
-        pytest.skip("../shared/traces/hpcgroup-pipit is not here")
     for r in (0, 1):
         write_nsys(tmp_path / f"node{r + 4}.sqlite", ranks=(r,))
     a = analyze(tmp_path)
@@ -245,8 +241,6 @@ def test_bad_exports_are_one_line_exit_2(tmp_path, case):
         db.commit()
         db.close()
     elif case in ("unknown-schema", "truncated", "locked"):
-        if not CLOVER.exists():
-            pytest.skip("../shared/traces/hpcgroup-pipit is not here")
         write_nsys(p, version="9.1" if case == "unknown-schema" else "3.13.2")
         if case == "truncated":
             data = p.read_bytes()
@@ -269,8 +263,6 @@ def test_bad_exports_are_one_line_exit_2(tmp_path, case):
 
 
 def test_a_process_driving_two_gpus_is_two_ranks_with_their_own_launches(tmp_path):
-    if not CLOVER.exists():
-        pytest.skip("../shared/traces/hpcgroup-pipit is not here")
     p = tmp_path / "one-process.sqlite"
     write_nsys(p, one_process=True)
     ranks = list(traces_in(p))
@@ -289,8 +281,6 @@ def test_a_multi_process_export_with_no_rank_recorded_takes_ranks_from_devices(t
     """torchrun's local rank is the device: where nothing records a rank, the device index is a
     better guess than the order of first work (here the later rank's process has the lower pid and
     would come first), and the result says which rule chose the ranks."""
-    if not CLOVER.exists():
-        pytest.skip("../shared/traces/hpcgroup-pipit is not here")
     p = tmp_path / "torchrun.sqlite"
     write_nsys(p, torchrun=True)
     ranks = list(traces_in(p))

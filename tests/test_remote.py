@@ -31,8 +31,8 @@ def _same(local: dict, remote: dict) -> None:
     assert a == b
 
 
-def test_a_run_directory_by_file_url_and_inside_a_zip(shared_traces, tmp_path):
-    d = shared_traces / DLRM
+def test_a_run_directory_by_file_url_and_inside_a_zip(real_traces, tmp_path):
+    d = real_traces / DLRM
     local = analyze(d)
     by_url = analyze(f"file://{d}")
     _same(local, by_url)
@@ -47,8 +47,8 @@ def test_a_run_directory_by_file_url_and_inside_a_zip(shared_traces, tmp_path):
     assert len(zipped["source"]["files"]) == 8 and all(f.endswith(f"::file://{archive}") for f in zipped["source"]["files"])
 
 
-def test_one_trace_in_memory_and_an_export_by_url(shared_traces):
-    f = shared_traces / "hta" / "nccl_parser_config_nccl_data.json.gz"
+def test_one_trace_in_memory_and_an_export_by_url(real_traces):
+    f = real_traces / "hta" / "nccl_parser_config_nccl_data.json.gz"
     if not f.exists():
         pytest.skip(f"{f} not found")
     mem = fsspec.filesystem("memory")
@@ -57,7 +57,7 @@ def test_one_trace_in_memory_and_an_export_by_url(shared_traces):
         _same(analyze(f), analyze("memory:///commprobe-test/rank-0.json"))
     finally:
         mem.rm("/commprobe-test", recursive=True)
-    export = shared_traces / "hpcgroup-pipit" / "saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
+    export = real_traces / "hpcgroup-pipit" / "saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
     local, by_url = analyze(export), analyze(f"file://{export}")  # copied to a temporary file: SQLite reads local files
     _same(local, by_url)
     assert by_url["source"]["files"] == [f"file://{export}"] * len(local["ranks"])
@@ -85,8 +85,8 @@ def test_a_cloud_url_without_its_package_names_it(tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "s3fs" in lines[0], r.stderr
 
 
-def test_a_truncated_trace_by_url_is_named(shared_traces, tmp_path):
-    src = shared_traces / DLRM
+def test_a_truncated_trace_by_url_is_named(real_traces, tmp_path):
+    src = real_traces / DLRM
     run = tmp_path / "run"
     shutil.copytree(src, run, ignore=shutil.ignore_patterns("README*"))
     os.chmod(run, 0o755)  # the shared set is read-only; so is its copy

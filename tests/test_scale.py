@@ -39,12 +39,12 @@ def _strip(doc: dict) -> dict:
     return doc
 
 
-def test_jobs_give_the_same_analysis(tmp_path, shared_traces):
+def test_jobs_give_the_same_analysis(tmp_path, real_traces):
     d = _run(tmp_path)
     one, two = _strip(analyze(d, jobs=1)), _strip(analyze(d, jobs=2))
     assert one == two
     assert one["collectives"]["straggler"] == 2 and one["collectives"]["matched_calls"] == 4
-    real = shared_traces / "facebookresearch-param"
+    real = real_traces / "facebookresearch-param"
     assert _strip(analyze(real, jobs=1)) == _strip(analyze(real, jobs=3))
 
 

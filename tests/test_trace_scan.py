@@ -12,7 +12,7 @@ from commprobe.analyzers.readers.kineto import load_trace
 from commprobe.analyzers.readers.model import TraceError
 from tests.conftest import ROOT
 
-SHARED = ROOT.parent / "shared" / "traces" / "hta"
+SHARED = ROOT / "tests" / "data" / "traces" / "hta"
 
 pytestmark = pytest.mark.skipif(native.load_scanner()[0] is None, reason=f"no trace scanner: {native.load_scanner()[1]}")
 
