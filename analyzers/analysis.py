@@ -21,6 +21,7 @@ from commprobe.common.errors import InputError
 from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
 from .cross_rank import matching
+from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
 from .cross_rank.verdict import phase_summary
 from .per_rank.classify import load_rules
@@ -67,10 +68,20 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     formats: dict[str, int] = {}
     notes: list[str] = []
     axis_reasons: dict[str, str] = {}
+    compile_rank_from(rank_from)  # a bad pattern is one line before any file is read
     rank_set = RankSet(path)
     files_in = trace_files(path)
     coords = name_table([remote.name_of(f) if url else Path(f).name for f in files_in])
-    for s in map_ranks(files_in, rules, jobs, scheduler, rank_from, coords):
+    summaries = list(map_ranks(files_in, rules, jobs, scheduler, rank_from, coords))
+    chosen = assign([{**s.reader.get("identity", {"file": Path(s.path).name}), "label": s.path} for s in summaries],
+                    rank_from)
+    notes += chosen.notes
+    for s, rank in zip(summaries, chosen.ranks):
+        s.rank = s.breakdown["rank"] = rank
+        s.breakdown["rank_rule"] = chosen.rule
+        ident = s.reader.get("identity") or {}
+        s.breakdown["identity"] = {k: ident.get(k) for k in ("host", "pid", "device") if ident.get(k) is not None}
+    for s in summaries:
         rank_set.add(s.rank, s.path, s.distributed)
         ranks.append(s.breakdown)
         calls[s.rank] = s.calls
@@ -111,7 +122,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs)
     return {
         "schema": SCHEMA,
-        "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None,
+        "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None, "rank_rule": chosen.rule,
                    "uncompressed_bytes": nbytes, "formats": dict(sorted(formats.items())), "reader_notes": notes,
                    "skipped": skipped},
         "manifest": manifest,

@@ -38,10 +38,12 @@ def rpc(ts: float, dur: float, op: str, nelems: int, pg_desc: str = "undefined",
     return ev("record_param_comms", ts, dur, HOST, **args)
 
 
-def write(path, events: list[dict], rank: int = 0, world: int = 1, base: int = BASE_NS, backend: str = "nccl"):
-    """A gzip Kineto trace of `events` for one rank; returns the path."""
-    doc = {"schemaVersion": 1, "baseTimeNanoseconds": base,
-           "distributedInfo": {"backend": backend, "rank": rank, "world_size": world}, "traceEvents": events}
+def write(path, events: list[dict], rank: int | None = 0, world: int = 1, base: int = BASE_NS, backend: str = "nccl"):
+    """A gzip Kineto trace of `events` for one rank (rank None: no distributedInfo, as a process that
+    never initialized torch.distributed writes it); returns the path."""
+    doc = {"schemaVersion": 1, "baseTimeNanoseconds": base, "traceEvents": events}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": backend, "rank": rank, "world_size": world}
     with gzip.open(path, "wt") as f:
         json.dump(doc, f)
     return path

@@ -237,7 +237,7 @@ def test_bad_directories_and_oversized_traces(tmp_path, gpu_pair):
     _write(mixed / "a.json.gz", 0, _gpu_rank(0, 300))
     _write(mixed / "b.json.gz", 0, _gpu_rank(0, 300))
     r = run_cli("analyze", str(mixed))
-    assert r.returncode == 2 and "rank 0 appears in more than one file" in r.stderr
+    assert r.returncode == 2 and "rank 0 appears in two files" in r.stderr and "a.json.gz and " in r.stderr and "--rank-from" in r.stderr
     r = run_cli("analyze", str(gpu_pair), env={"COMMPROBE_MAX_TRACE_BYTES": "100"})
     assert r.returncode == 2 and "too large for memory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

@@ -130,14 +130,18 @@ def write_kineto(path, rank: int) -> None:
 
 
 TABLES = {CLOVER: ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                   "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME", "ThreadNames", "ENUM_CUDA_MEMCPY_OPER"),
+                   "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME", "ThreadNames", "ENUM_CUDA_MEMCPY_OPER",
+                   "TARGET_INFO_SYSTEM_ENV"),
           SAXPY: ("NVTX_EVENTS",)}
 
 
-def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False, torchrun: bool = False) -> None:
+def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False, torchrun: bool = False,
+               host: str | None = None, process: tuple[int, int] | None = None) -> None:
     """An export with the real files' table definitions (sqlite_master), two processes = two ranks
     (one_process: one process driving one GPU per rank, its threads one per rank; torchrun: each
-    process on the device of its local rank, threads not named, the later rank with the lower pid)."""
+    process on the device of its local rank, threads not named, the later rank with the lower pid;
+    process=(pid, device): one process on one device, threads not named, as one export per process
+    of a multi-node collection writes it; host: the Hostname the export records)."""
     db = sqlite3.connect(path)
     for src, tables in TABLES.items():
         for name in tables:
@@ -145,6 +149,8 @@ def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False, 
     db.executemany("INSERT INTO ENUM_CUDA_MEMCPY_OPER VALUES (?, ?, ?)", [(1, "CUDA_MEMCPY_KIND_HTOD", "Host-to-Device")])
     db.execute("INSERT INTO META_DATA_EXPORT VALUES ('EXPORT_SCHEMA_VERSION', ?)", (version,))
     db.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, '', '')", (ORIGIN,))
+    if host is not None:
+        db.execute("INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (0, 'Local (CLI)', 'Hostname', 400, ?)", (host,))
     strings: dict[str, int] = {}
 
     def sid(s: str) -> int:
@@ -157,9 +163,11 @@ def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False, 
     mcols = [r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_MEMCPY)")]
     for rank in ranks:
         pid = 4000 if one_process else 4000 + (len(ranks) - 1 - rank if torchrun else rank)
-        gpid, gtid = (1 << 56) | (pid << 24), (1 << 56) | (pid << 24) | (pid + 5 + rank)
         device, offset = (rank, 10_000 * rank) if one_process else (rank if torchrun else 0, 0)
-        if not torchrun:
+        if process is not None:
+            pid, device = process
+        gpid, gtid = (1 << 56) | (pid << 24), (1 << 56) | (pid << 24) | (pid + 5 + rank)
+        if not torchrun and process is None:
             db.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, 0, ?)",
                        (sid(f"NCCL rank {rank}"), gtid))
         for e in scenario(rank):
@@ -195,7 +203,8 @@ def _comparable(a: dict) -> dict:
     for k in ("elapsed_s", "source"):
         a.pop(k)
     for r in a["ranks"]:
-        r.pop("file")
+        for k in ("file", "rank_rule", "identity"):  # where the rank came from differs by format, not the answer
+            r.pop(k)
     return a
 
 
@@ -277,6 +286,34 @@ def test_a_process_driving_two_gpus_is_two_ranks_with_their_own_launches(tmp_pat
     assert [r["rank"] for r in a["ranks"]] == [0, 1] and a["kernel_links"]["comm_kernels"] == 16
 
 
+def test_a_multi_node_collection_named_host_pid_is_ranked_by_host_and_device(tmp_path):
+    """One export per process on each of two nodes, named `<host>_<pid>` (nsys's %h_%p), CUDA devices
+    0-2 on both, no rank recorded: ranks by (host, device), hosts in name order (as torchrun numbers
+    them: node * 3 + local rank), the host read from the export itself; the late rank is found on
+    its node. Before, the set was refused ("rank 1 appears in more than one file")."""
+    pids = {("nodeA", 0): 7310, ("nodeA", 1): 7302, ("nodeA", 2): 7305,  # pid order is not device order
+            ("nodeB", 0): 911, ("nodeB", 1): 955, ("nodeB", 2): 930}
+    for (host, dev), pid in pids.items():
+        late = 3 if (host, dev) == ("nodeB", 1) else 0  # scenario(3): its allreduce kernels start 150 µs late
+        write_nsys(tmp_path / f"{host.lower()}_{pid}.sqlite", ranks=(late,), host=host, process=(pid, dev))
+    a = analyze(tmp_path)
+    assert a["source"]["rank_rule"] == "(host, device)"
+    got = [(r["rank"], r["identity"]["host"], r["identity"]["device"], r["identity"]["pid"]) for r in a["ranks"]]
+    assert got == [(h_idx * 3 + d, h, d, pids[(h, d)]) for h_idx, h in enumerate(("nodeA", "nodeB")) for d in range(3)]
+    assert any("no rank recorded in 6 traces on 2 hosts; ranks from (host, device)" in n for n in a["source"]["reader_notes"])
+    # the late process (nodeB, device 1) is rank 4, the straggler; the others wait 150 µs in each of 3 decode steps
+    assert a["collectives"]["straggler"] == 4
+    for r in a["ranks"]:
+        waits = r["phases"]["decode"]["categories"]["tp_allreduce"]["exposed_wait_us"]
+        assert waits == pytest.approx(0 if r["rank"] == 4 else 3 * 150, abs=1e-6)
+    # two exports of one process (same host and pid) are the one set refused, naming both files
+    write_nsys(tmp_path / "nodea_7310.again.sqlite", ranks=(0,), host="nodeA", process=(7310, 0))
+    r = run_cli("analyze", str(tmp_path), "--jobs", "1")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "two traces of one process" in lines[0], r.stderr
+    assert "nodea_7310.sqlite" in lines[0] and "nodea_7310.again.sqlite" in lines[0] and "--rank-from" in lines[0]
+
+
 def test_a_multi_process_export_with_no_rank_recorded_takes_ranks_from_devices(tmp_path):
     """torchrun's local rank is the device: where nothing records a rank, the device index is a
     better guess than the order of first work (here the later rank's process has the lower pid and
@@ -287,4 +324,6 @@ def test_a_multi_process_export_with_no_rank_recorded_takes_ranks_from_devices(t
     assert [(t.extra["pid"], t.extra["device"], t.rank, t.extra["rank_rule"]) for t in ranks] == \
         [(4000, 1, 1, "the device index"), (4001, 0, 0, "the device index")]
     a = analyze(p)
-    assert any("no rank recorded; ranks from the device index" in n for n in a["source"]["reader_notes"])
+    assert any("no rank recorded in 2 traces; ranks from (host, device)" in n for n in a["source"]["reader_notes"])
+    assert [r["rank"] for r in a["ranks"]] == [0, 1] and a["source"]["rank_rule"] == "(host, device)"
+    assert [r["identity"] for r in a["ranks"]] == [{"pid": 4001, "device": 0}, {"pid": 4000, "device": 1}]

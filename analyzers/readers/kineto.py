@@ -39,7 +39,7 @@ from .kineto_args import (
     select,
 )
 from .limits import BYTES_PER_EVENT, inflated, max_events, open_checked, read_bytes
-from .model import LAUNCH_CATS, Trace, TraceError, factorize, rank_in_name
+from .model import LAUNCH_CATS, Trace, TraceError, evidence, factorize, rank_in_name
 
 _get_ph, _get_dur, _get_ts = attrgetter("ph"), attrgetter("dur"), attrgetter("ts")
 _get_name, _get_cat, _get_tid = attrgetter("name"), attrgetter("cat"), attrgetter("tid")
@@ -236,11 +236,10 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     path = path if url else Path(path)
     cols = _columns_native(path) or _columns_msgspec(path, read_bytes(path))
     dist, meta = _decode_meta(cols.dist_raw), _decode_meta(cols.meta_raw)
+    own = dist.get("rank") if isinstance(dist, dict) and isinstance(dist.get("rank"), int) else None
+    name = remote.name_of(path) if url else path.name
     if rank is None:
-        if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
-            rank = dist["rank"]
-        else:
-            rank = rank_in_name(remote.name_of(path) if url else path.name) or 0
+        rank = own if own is not None else rank_in_name(name) or 0
     ts, dur = cols.ts, cols.dur
     if len(dur) and dur.min() < 0:
         i = int(dur.argmin())
@@ -273,4 +272,5 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     if len(launch_idx):
         arg_corr[launch_idx] = cols.corr(order[launch_idx])
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq, arg_corr,
-                 cols.base_ns, dist, meta, cols.nbytes)
+                 cols.base_ns, dist, meta, cols.nbytes,
+                 extra={"identity": evidence(name, own, "distributedInfo" if own is not None else None)})

@@ -95,6 +95,31 @@ def rank_in_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# `<host>_<pid>` at the start of a file name: Nsight's `%h_%p` output pattern and torch.profiler's
+# default worker name (tensorboard_trace_handler: f"{socket.gethostname()}_{os.getpid()}"). Host names
+# hold no underscore (RFC 952/1123), so the first underscore ends the host.
+_HOST_PID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.-]{0,252})_(\d{1,10})(?=[._-]|$)")
+
+
+def host_pid_in_name(name: str) -> tuple[str | None, int | None]:
+    """(host, pid) from a `<host>_<pid>...` file name, else (None, None)."""
+    m = _HOST_PID.match(name)
+    return (m.group(1), int(m.group(2))) if m else (None, None)
+
+
+def evidence(file_name: str, own: int | None, own_from: str | None = None, host: str | None = None,
+             pid: int | None = None, device: int | None = None, part: int = 0) -> dict:
+    """What tells one trace's rank, as `Trace.extra["identity"]`: the trace's own record of it (`own`,
+    with where it was read), a rank its file name carries, the host (the export's own record, else the
+    file name), the process and the device index; `part`: its place among the ranks of one file. The
+    set's rule is chosen across all traces at once (cross_rank/identity.py): one trace alone cannot
+    tell whether its device index repeats on another node."""
+    name_host, name_pid = host_pid_in_name(file_name)
+    return {"file": file_name, "own": own if isinstance(own, int) and not isinstance(own, bool) else None,
+            "own_from": own_from, "name_rank": rank_in_name(file_name), "host": host or name_host,
+            "pid": pid if pid is not None else name_pid, "device": device, "part": part}
+
+
 def codes(values: np.ndarray, space: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(values, return_inverse=True) for integers, in O(n) with a lookup table where they
     span a small range (name x cat keys, string ids, kinds); `space`: the values are known to lie

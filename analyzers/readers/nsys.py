@@ -123,6 +123,13 @@ class Export:
         found = {int(m.group(1)) for (n,) in names if (m := _THREAD_RANK.search(n or ""))}
         return found.pop() if len(found) == 1 else None
 
+    def host(self) -> str | None:
+        """The profiled machine's host name (TARGET_INFO_SYSTEM_ENV 'Hostname'), where the export records it."""
+        if "TARGET_INFO_SYSTEM_ENV" not in self.tables:
+            return None
+        row = self.db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1").fetchone()
+        return str(row[0])[:253] if row and row[0] else None
+
     def origin_ns(self) -> int:
         if "TARGET_INFO_SESSION_START_TIME" in self.tables:
             row = self.db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .limits import BYTES_PER_EVENT, max_events
-from .model import Trace, TraceError, codes, rank_in_name
+from .model import Trace, TraceError, codes, evidence, rank_in_name
 from .native import Refused
 
 
@@ -42,23 +42,26 @@ def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | 
 
 def each_part(path: Path, parts: list[tuple[int, int]], unit: str, own_rank: Callable[[int], int | None],
               rank_from: str | None, load: Callable[..., Trace],
-              device_index: Callable[[int, int], int | None] | None = None) -> Iterator[Trace]:
+              device_index: Callable[[int, int], int | None] | None = None, host: str | None = None) -> Iterator[Trace]:
     """One Trace per (process, device) pair of a database, one at a time: `load(pid, device, rank,
     first_of_process, label)`; `unit` names the pair in labels ("pid={},device={}"). `device_index`:
     the pair's device as an index (CUDA device id), used for the rank when nothing better names it
-    and every part has a distinct one. Each trace says which rule chose its rank (`rank_rule`)."""
+    and every part has a distinct one; `host`: the host the export records. Each trace says which
+    rule chose its rank within the file (`rank_rule`) and carries the evidence the set's rule
+    (cross_rank/identity.py) chooses from (`identity`)."""
     idx = [device_index(pid, dev) if device_index else None for pid, dev in parts]
+    devices = list(idx)
     if None in idx or len(set(idx)) != len(idx):
         idx = [None] * len(parts)
     seen: set[int] = set()
     for i, (pid, dev) in enumerate(parts):
         label = str(path) if len(parts) == 1 else f"{path}#{unit.format(pid, dev)}"
-        rank, rule = rank_for(path, i, rank_from, own_rank(pid), idx[i])
+        own = own_rank(pid)
+        rank, rule = rank_for(path, i, rank_from, own, idx[i])
         t = load(pid, dev, rank, pid not in seen, label)
         t.extra["rank_rule"] = rule
-        if len(parts) > 1 and rule in ("the device index", "the order of first work"):
-            t.extra.setdefault("notes", []).append(f"{path.name}: no rank recorded; ranks from {rule} "
-                                                   f"(--rank-from REGEX names them from the file name)")
+        t.extra["identity"] = evidence(path.name, own, "the process's own record" if own is not None else None,
+                                       host=host, pid=pid, device=devices[i], part=i)
         seen.add(pid)
         yield t
 
@@ -73,8 +76,10 @@ def each_part_of(path: Path, source, empty: str, unit: str, own_rank: Callable[[
         parts = source.parts()
         if not parts:
             raise TraceError(f"{path}: {empty}")
+        host = source.host() if hasattr(source, "host") else None
         yield from each_part(path, parts, unit, own_rank, rank_from,
-                             lambda pid, dev, rank, first, label: load(source, pid, dev, rank, first, label), device_index)
+                             lambda pid, dev, rank, first, label: load(source, pid, dev, rank, first, label), device_index,
+                             host)
     finally:
         source.db.close()
 
