@@ -159,3 +159,41 @@ def test_without_correlation_or_marker_the_host_range_is_used_and_said(tmp_path)
     r = analyze(_step(tmp_path, marker=False, corr=False))["ranks"][0]
     assert r["phase_rule"]["windows_from"] == "host ranges"
     assert r["windows"]["decode"] == [[0.0, 100.0], [10_000.0, 10_050.0]]
+
+
+def test_work_launched_before_the_first_step_is_counted_apart_never_in_step_1(tmp_path):
+    """A GPU far behind the host: two kernels launched before ProfilerStep#1 (warm-up, 600 µs) still
+    run inside step 1's window. They belong to no step: left out of every window's time and counted
+    (events, µs); step 1's compute is only its own 100 µs kernel."""
+    events = [*launched("warmup_gemm", 1000, 300, 1, launch_ts=10, stream=7),
+              *launched("warmup_gemm", 1300, 300, 2, launch_ts=20, stream=7),
+              ev("ProfilerStep#1", 900, 200, HOST, "user_annotation"),
+              *launched("step_gemm", 1600, 100, 3, launch_ts=950, stream=7)]
+    a = analyze(write(tmp_path / "t.json.gz", events))
+    rk = a["ranks"][0]
+    rule = rk["phase_rule"]
+    assert rule["device_work_before_first_step"] == {"events": 2, "us": 600.0}
+    assert rule["device_work_after_last_step"] == {"events": 0, "us": 0.0}
+    cats = rk["phases"]["step"]["categories"]
+    assert cats["compute"]["total_us"] == pytest.approx(100.0)  # the step's own kernel only
+    assert rk["phases"]["step"]["e2e_us"] == pytest.approx(1700 - 900)  # host range joined with its own work
+    assert rule["busy_in_windows_pct"] == pytest.approx(100.0)  # work of no step is not the breakdown's busy time
+
+
+def test_short_markers_are_step_boundaries(tmp_path):
+    """ProfilerStep#N markers of 2 µs with the step's work between them (a torch.profiler export
+    written without Kineto; torch 2.13 writes Kineto even with use_kineto=False, so built here):
+    each step runs from its marker to the next, the last to the end of the recorded work; the
+    host ops inside are the step's (before: windows of 2 µs, 'compute-bound, compute 0 %')."""
+    events = []
+    for k in range(3):
+        t = 1000 * k
+        events += [ev(f"ProfilerStep#{k}", t, 2, HOST, "user_annotation"), ev("aten::mm", t + 10, 700, HOST),
+                   ev("aten::relu", t + 720, 100, HOST)]
+    a = analyze(write(tmp_path / "t.json.gz", events))
+    rk = a["ranks"][0]
+    assert rk["phase_rule"]["markers_as_boundaries"]["markers"] == 3
+    assert rk["windows"]["step"] == [[0.0, 1000.0], [1000.0, 2000.0], [2000.0, 2820.0]]
+    cats = rk["phases"]["step"]["categories"]
+    assert cats["compute"]["total_us"] == pytest.approx(3 * 800)
+    assert rk["phase_rule"]["busy_in_windows_pct"] == pytest.approx(100.0)

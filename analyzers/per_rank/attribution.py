@@ -60,7 +60,9 @@ def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv
 
 def rank_breakdown(trace: Trace, cls: Classified) -> dict:
     tl = timeline(trace)
-    wins, rule = windows(trace, tl.device, tl.mask)
+    wins, rule, no_step = windows(trace, tl.device, tl.mask)
+    if no_step.any():  # device work launched before the first step or after the last: no step's
+        tl = Timeline(tl.device, tl.mask & ~no_step)
     unions = category_unions(trace, cls, tl)
     compute = unions[COMPUTE]
     exposed_base = {c: iv.subtract(unions[c], compute) if tl.device else unions[c] for c in (*COMM_CODES, MEMCPY)}
@@ -83,11 +85,24 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
         busy = float(iv.covered(unions[MARKER], lo, hi).sum())
         phases[phase] = {"windows": len(spans), "e2e_us": e2e, "idle_us": max(0.0, e2e - busy), "categories": cats,
                          "window_exposed_share": per_window}
+    rule["busy_in_windows_pct"] = _busy_inside(unions[MARKER], wins)
     shown = {c: (unions[c] if c in (COMPUTE, OTHER) else exposed_base[c]) for c in (COMPUTE, *COMM_CODES, MEMCPY, OTHER)}
     return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases,
             "phase_rule": rule,
             "windows": {ph: [[a, b] for a, b in sp[:MAX_WINDOWS]] for ph, sp in wins.items()},
             "segments": {ph: _segments(shown, sp) for ph, sp in wins.items()}}
+
+
+def _busy_inside(busy: iv.Intervals, wins: dict[str, list[tuple[float, float]]]) -> float:
+    """The share (%) of the rank's busy time (device work, else host ops; work that belongs to no
+    step aside) that lies inside its windows: what the phase breakdown can speak for."""
+    total = iv.length(busy)
+    spans = [w for sp in wins.values() for w in sp]
+    if not total or not spans:
+        return 0.0 if total else 100.0
+    lo, hi = np.array([a for a, _ in spans]), np.array([b for _, b in spans])
+    inside = iv.length(iv.intersect(busy, iv.union(lo, hi)))
+    return round(min(100.0, 100.0 * inside / total), 3)
 
 
 MAX_WINDOWS = 2000  # window spans kept per phase (for aligning telemetry); counts cover all of them

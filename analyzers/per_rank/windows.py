@@ -35,10 +35,15 @@ MAX_MALFORMED_SHOWN = 5
 MAX_UNCORRELATED = 0.01  # share of device work with no launch id above which windows do not come from launches
 
 
-def windows(trace: Trace, on_device: bool, busy_mask: np.ndarray) -> tuple[dict[str, list[tuple[float, float]]], dict]:
-    """(phase -> [(start, end)] in µs on the trace's clock, how they were chosen): the first phase
-    rule (phases.py) with annotations on this rank. `busy_mask`: the timeline's events (the
-    whole-trace window spans them)."""
+def windows(trace: Trace, on_device: bool, busy_mask: np.ndarray) -> tuple[dict[str, list[tuple[float, float]]], dict,
+                                                                             np.ndarray]:
+    """(phase -> [(start, end)] in µs on the trace's clock, how they were chosen, the events that
+    belong to no step): the first phase rule (phases.py) with annotations on this rank.
+    `busy_mask`: the timeline's events (the whole-trace window spans them). Device work launched
+    before the first step or after the last belongs to no step, wherever it runs: the breakdown
+    leaves it out of every window (counted in `device_work_before_first_step` / `_after_last_step`)."""
+    none = np.zeros(len(trace.ts), bool)
+    end_of_work = float((trace.ts + trace.dur)[busy_mask].max()) if busy_mask.any() else 0.0
     dev = trace.is_device()
     starts = tuple(p for rule in RULES for p in rule.prefix)
     candidates = [i for i, n in enumerate(trace.names) if n.startswith(starts)]
@@ -55,34 +60,69 @@ def windows(trace: Trace, on_device: bool, busy_mask: np.ndarray) -> tuple[dict[
         host, marks = np.flatnonzero(is_good & ~dev), np.flatnonzero(is_good & dev)
         bad = [i for i, m in parsed.items() if m is None]
         how: dict = {}
+        h_spans, h_marked = _held(trace, host, end_of_work)
         if on_device and len(host):
-            spans, how = _launched(trace, host, marks)
+            spans, how, outside = _launched(trace, h_spans, marks)
             if spans is not None:
-                return _by_phase(trace, rule, good, host, spans, bad, ~dev, how)
+                return (*_by_phase(trace, rule, good, host, spans, bad, ~dev, {**how, **h_marked}), outside)
         if on_device and len(marks):
-            return _by_phase(trace, rule, good, marks, _ranges(trace, marks), bad, dev, {"windows_from": "device markers", **how})
+            m_spans, m_marked = _held(trace, marks, end_of_work)
+            return (*_by_phase(trace, rule, good, marks, m_spans, bad, dev,
+                               {"windows_from": "device markers", **how, **m_marked}), none)
         if len(host):
-            return _by_phase(trace, rule, good, host, _ranges(trace, host), bad, ~dev, {"windows_from": "host ranges", **how})
+            return (*_by_phase(trace, rule, good, host, h_spans, bad, ~dev,
+                               {"windows_from": "host ranges", **how, **h_marked}), none)
     # no rule parsed anything: annotations that look like an engine's step but do not parse are
     # counted and shown, so a whole-trace window is never a silent fallback
     info = {"rule": "whole-trace", "source": "", "windows_from": "whole trace",
             **_malformed(trace, unparsed, np.ones_like(dev) if on_device else ~dev)}
     if not busy_mask.any():
-        return {}, info
-    return ({"trace": [(float(trace.ts[busy_mask].min()), float((trace.ts + trace.dur)[busy_mask].max()))]}, info)
+        return {}, info, none
+    return ({"trace": [(float(trace.ts[busy_mask].min()), end_of_work)]}, info, none)
 
 
 def _ranges(trace: Trace, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return trace.ts[idx], trace.ts[idx] + trace.dur[idx]
 
 
-def _launched(trace: Trace, host: np.ndarray, marks: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray] | None, dict]:
-    """Per host annotation `host[j]`: its window (its host range joined with the span of the device
+BOUNDARY_SHARE = 0.01  # a marker shorter than this share of the gap to the next one marks a step's start
+
+
+def _held(trace: Trace, idx: np.ndarray, end_of_work: float) -> tuple[tuple[np.ndarray, np.ndarray], dict]:
+    """The ranges of annotations `idx`, or, where they are step *boundaries*, the steps they
+    bound: markers far shorter than the gap to the next one (nine in ten under BOUNDARY_SHARE of
+    it: a torch.profiler export written without Kineto has `ProfilerStep#N` markers of a few µs,
+    GPU-side copies of annotations are instants) hold nothing of their step; torch.profiler's own
+    convention is that a step runs from its marker to the next, the last until the end of the
+    recorded work. Said in `markers_as_boundaries`."""
+    lo, hi = _ranges(trace, idx)
+    if len(idx) < 2:
+        return (lo, hi), {}
+    o = np.argsort(lo, kind="stable")
+    gaps = np.diff(lo[o])
+    if not (gaps > 0).all():
+        return (lo, hi), {}
+    ratio = (hi - lo)[o][:-1] / gaps
+    if float(np.quantile(ratio, 0.9)) >= BOUNDARY_SHARE:
+        return (lo, hi), {}
+    new_hi = hi.copy()
+    new_hi[o[:-1]] = np.maximum(hi[o[:-1]], lo[o[1:]])
+    new_hi[o[-1]] = max(float(hi[o[-1]]), end_of_work)
+    return (lo, new_hi), {"markers_as_boundaries": {"markers": int(len(idx)),
+                                                     "median_marker_share_of_step_pct": round(100 * float(np.median(ratio)), 4)}}
+
+
+def _launched(trace: Trace, h_spans: tuple[np.ndarray, np.ndarray],
+              marks: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray] | None, dict, np.ndarray]:
+    """Per host step range `h_spans[j]`: its window (the host range joined with the span of the device
     work launched inside it, tiled), or None where no device work links to any of them, or where more than
     MAX_UNCORRELATED of the device work has no launch id (a reader or producer that did not
     write it: windows from the rest would leave that work out; said as
-    `device_work_without_correlation`)."""
+    `device_work_without_correlation`). Third: the device work launched before the first step or
+    after the last (it belongs to no step, though the GPU may run it inside one)."""
     dev, corr = trace.is_device(), trace.arg_corr
+    outside = np.zeros(len(trace.ts), bool)
+    h_lo, h_hi = h_spans
     has = corr >= 0
     launch = np.flatnonzero(~dev & has)
     all_work = np.flatnonzero(trace.is_device_work())
@@ -90,22 +130,27 @@ def _launched(trace: Trace, host: np.ndarray, marks: np.ndarray) -> tuple[tuple[
     unlinked = len(all_work) - len(work)
     if not len(launch) or not len(work) or unlinked > MAX_UNCORRELATED * len(all_work):
         # device work the reader gave no launch id: windows from it would leave that work out
-        return None, {"device_work_without_correlation": int(unlinked)} if unlinked and len(work) else {}
+        return None, {"device_work_without_correlation": int(unlinked)} if unlinked and len(work) else {}, outside
     # launch -> the annotation holding its start (innermost; any thread of the process)
-    zeros = np.zeros(len(host))
-    owner = iv.enclosing(zeros, trace.ts[host], trace.ts[host] + trace.dur[host], np.zeros(len(launch)), trace.ts[launch])
+    owner = iv.enclosing(np.zeros(len(h_lo)), h_lo, h_hi, np.zeros(len(launch)), trace.ts[launch])
     # device event -> its launch by correlation id -> that launch's step
     which = _by_id(corr[launch], np.arange(len(launch)), corr[work])
     step_of = np.where(which >= 0, owner[np.maximum(which, 0)], -1)
     found = step_of >= 0
     if not found.any():
-        return None, {}
+        return None, {}, outside
+    # launched outside every step: before the first, after the last (no step's), or between two
+    launched_at = np.where(which >= 0, trace.ts[launch][np.maximum(which, 0)], np.nan)
+    before = (which >= 0) & ~found & (launched_at < h_lo.min())
+    after = (which >= 0) & ~found & (launched_at >= h_hi.max())
+    outside[work[before | after]] = True
     counted = {"device_work_without_launch": int((which < 0).sum()),  # its runtime call is not in the trace
-               "device_work_outside_steps": int(((which >= 0) & ~found).sum())}  # launched between steps
+               "device_work_outside_steps": int(((which >= 0) & ~found).sum()),  # before, between or after steps
+               "device_work_before_first_step": _work(trace, work[before]),
+               "device_work_after_last_step": _work(trace, work[after])}
     work, step = work[found], step_of[found]
     w_lo, w_dur = trace.ts[work], trace.dur[work]
     w_hi = w_lo + w_dur
-    h_lo, h_hi = _ranges(trace, host)
     lo, hi = h_lo.copy(), h_hi.copy()
     np.minimum.at(lo, step, w_lo)
     np.maximum.at(hi, step, w_hi)
@@ -115,7 +160,7 @@ def _launched(trace: Trace, host: np.ndarray, marks: np.ndarray) -> tuple[tuple[
     prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(hi[k])[:-1]])
     lo[k] = np.maximum(lo[k], prev_end)
     hi = np.maximum(hi, lo)
-    launched_any = np.zeros(len(host), bool)
+    launched_any = np.zeros(len(h_lo), bool)
     launched_any[step] = True
     busy = float(w_dur.sum())
     own = np.maximum(0.0, np.minimum(w_hi, hi[step]) - np.maximum(w_lo, lo[step]))
@@ -129,7 +174,12 @@ def _launched(trace: Trace, host: np.ndarray, marks: np.ndarray) -> tuple[tuple[
         m_lo, m_hi = _ranges(trace, marks)
         covered = iv.covered(iv.union(m_lo, m_hi), w_lo, w_hi)
         how["device_markers"] = {"markers": int(len(marks)), "launched_outside_pct": _pct(busy - float(covered.sum()), busy)}
-    return (lo, hi), how
+    return (lo, hi), how, outside
+
+
+def _work(trace: Trace, idx: np.ndarray) -> dict:
+    """{events, us}: device work that belongs to no step, left out of every window."""
+    return {"events": int(len(idx)), "us": float(trace.dur[idx].sum())}
 
 
 def _by_id(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
