@@ -143,7 +143,7 @@ def render_next_steps(out: str, verdicts: dict[str, dict | str], console: Consol
             continue
         for ph, p in phases.items():
             console.print(f"  {b:<5} {ph:<8} {p['verdict']:<20} exposed communication {p['exposed_comm_share']:.0%}; "
-                          f"largest: {p['dominant']} {p['dominant_share']:.0%}", highlight=False, markup=False)
+                          f"largest: {p.get('largest', p['dominant'])} {p.get('largest_share', p['dominant_share']):.0%}", highlight=False, markup=False)
     subs = list(verdicts)
     one = out if len(subs) == 1 else f"{out}/{subs[0]}"
     steps = [(f"commprobe analyze {one}", "where the time goes per rank; collectives matched across ranks"),

@@ -132,7 +132,45 @@ def test_verdict_follows_the_threshold_and_idle_rule():
     assert comm["verdict"] == Verdict.COMMUNICATION and comm["dominant"] == "tp_allreduce" and comm["axis"] == "tp"
     assert v(_rank("decode", 100, {"tp_allreduce": 19, "compute": 81}))["verdict"] == Verdict.COMPUTE
     assert v(_rank("decode", 100, {"compute": 40}, idle=60))["verdict"] == Verdict.HOST
-    assert v(_rank("decode", 100, {"compute": 40}, idle=60, timeline="host"))["verdict"] == Verdict.COMPUTE
+    # a mostly idle host window is not compute-bound: nothing on the host timeline says what the rest was
+    host_idle = v(_rank("decode", 100, {"compute": 40}, idle=60, timeline="host"))
+    assert host_idle["verdict"] == Verdict.UNKNOWN and host_idle["verdict_rule"]["name"] == "host idle"
+    assert "host timeline only" in host_idle["summary"] and not host_idle["recommendations"]
+    busy_host = v(_rank("decode", 100, {"compute": 70}, idle=30, timeline="host"))
+    assert busy_host["verdict"] == Verdict.COMPUTE and "host timeline only" in busy_host["summary"]
+    assert busy_host["notes"][0].startswith("host timeline only")
+    # windows holding almost nothing: no verdict, the work per window said
+    empty = v(_rank("decode", 1000, {"compute": 5}, idle=995))
+    assert empty["verdict"] == Verdict.UNKNOWN and "hold 5 µs of recorded device work each" in empty["summary"]
+
+
+def test_every_verdict_agrees_with_its_shares():
+    """Over a grid of shares: 'largest' is the largest share (idle included); compute-bound only where
+    computation is the largest work and the timeline busy at least half; communication-bound only
+    above the threshold; host/launch-bound only on a device idle over half; the rule named gives
+    the verdict given."""
+    import itertools
+
+    from commprobe.analyzers.cross_rank.verdict import RULES
+
+    v = lambda r: phase_summary([r], 0.2, {}, [])["decode"]  # noqa: E731
+    for tl, comm, comp, copy, idle in itertools.product(("device", "host"), (0, 10, 30), (0, 20, 60), (0, 25, 50),
+                                                        (0, 40, 70)):
+        other = max(0, 100 - comm - comp - copy - idle)
+        p = v(_rank("decode", 100, {"tp_allreduce": comm, "compute": comp, "memcpy": copy, "other": other}, idle, tl))
+        cands = {**p["exposed_share"], "idle": p["idle_share"]}
+        assert cands[p["largest"]] == max(cands.values())
+        if p["verdict"] == Verdict.COMPUTE:
+            work = {c: x for c, x in p["exposed_share"].items()}
+            assert max(work, key=work.get) in ("compute", "other") and p["idle_share"] <= 0.5
+        if p["verdict"] == Verdict.COMMUNICATION:
+            assert p["exposed_comm_share"] > 0.2
+        if p["verdict"] == Verdict.HOST:
+            assert tl == "device" and p["idle_share"] > 0.5
+        if p["verdict"] == Verdict.DATA_MOVEMENT:
+            assert p["exposed_share"]["memcpy"] > max(p["exposed_share"]["compute"], p["exposed_share"]["other"])
+        rule = next(r for r in RULES if r.name == p["verdict_rule"]["name"])
+        assert rule.verdict == p["verdict"]
 
 
 def test_copies_dominating_are_data_movement_bound_naming_the_direction(tmp_path):

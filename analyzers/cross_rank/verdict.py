@@ -1,15 +1,152 @@
-"""Verdicts and advice: per phase, is it communication-, compute- or host/launch-bound, which
-axis dominates, and what to do about it. Reads the per-rank breakdowns and the matched
-collectives the other analyzers computed; the words a user acts on live here and only here.
+"""Verdicts and advice: per phase, is it communication-, compute-, data-movement- or
+host/launch-bound, which axis dominates, and what to do about it. Reads the per-rank breakdowns
+and the matched collectives the other analyzers computed; the words a user acts on live here and
+only here.
+
+A verdict is the first row of `RULES` whose precondition holds on the phase's own numbers
+(`Facts`); each row says what it needs, so no verdict is given that its numbers do not support,
+and where none holds the verdict is `unknown` with the reason. The rule that fired is named in the
+result (`verdict_rule`). Facts the verdict does not rest on but a reader should know (a host
+timeline only; windows that miss part of a rank's work) are `notes`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from commprobe.common.vocab import AXIS_OF, COMM_CATS, WORK_CATEGORIES, Verdict
 from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 
-IDLE_BOUND = 0.5  # a device idle more than this share of a phase is host/launch-bound
+IDLE_BOUND = 0.5  # a timeline idle more than this share of a phase is not bound by what runs on it
+MIN_BUSY_SHARE = 0.01  # windows with less recorded work than this share of their time: no verdict
+MIN_IN_WINDOWS_PCT = 90.0  # below this share of a rank's work inside its windows, the phase summary says so
 PHASE_ORDER = ("prefill", "decode", "mixed", "cached", "idle-step", "step", "trace")
+HOST_ONLY = "host timeline only: no device activity is recorded, so device time cannot be told"
+
+
+@dataclass
+class Facts:
+    """A phase's numbers, averaged over its ranks: what every rule reads."""
+
+    phase: str
+    shares: dict[str, float]  # exposed share of end-to-end time per category
+    idle: float
+    comm: float  # exposed communication share
+    top_comm: str
+    device: bool
+    graph: str
+    busy_us_per_window: float
+    threshold: float
+    provenance: dict
+
+    @property
+    def busy(self) -> float:
+        return max(0.0, 1.0 - self.idle)
+
+    def largest(self) -> tuple[str, float]:
+        """The largest share of the window, idle included: the only thing 'largest' may name."""
+        cands = {**self.shares, "idle": self.idle}
+        top = max(cands, key=cands.get)
+        return top, cands[top]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    needs: str  # the precondition, in words (the result's verdict_rule.needs)
+    verdict: Verdict
+    holds: Callable[[Facts], bool]
+    says: Callable[[Facts], tuple[str, float, str]]  # (dominant category, its share, summary)
+
+
+def _graph_capture(f: Facts):
+    return "unknown", 0.0, (f"{f.phase}: no verdict: the trace records CUDA/HIP graph capture but no replay: profile "
+                            f"serving steps, not the capture")
+
+
+def _graph_blind(f: Facts):
+    return "unknown", 0.0, (f"{f.phase}: no verdict: the trace records graph replays but not the kernels they ran (most "
+                            f"replays are followed by no kernel): the device's time cannot be told from it; profile with "
+                            f"the graph's kernels recorded")
+
+
+def _empty(f: Facts):
+    where = "device" if f.device else "host"
+    return "idle", f.idle, (f"{f.phase}: no verdict: its windows hold {f.busy_us_per_window:.0f} µs of recorded {where} "
+                            f"work each ({f.busy:.1%} of their time): too little to say what bounds it")
+
+
+def _device_idle(f: Facts):
+    return "idle", f.idle, (f"{f.phase} is host/launch-bound: the device is idle {f.idle:.0%} of the window "
+                            f"(exposed communication {f.comm:.0%})")
+
+
+def _communication(f: Facts):
+    host = "; host timeline only" if not f.device else ""
+    return f.top_comm, f.shares[f.top_comm], (
+        f"{f.phase} is communication-bound: exposed communication is {f.comm:.0%} of end-to-end latency (threshold "
+        f"{f.threshold:.0%}), {LABEL[f.top_comm]} {f.shares[f.top_comm]:.0%}{axis_note(f.top_comm, f.provenance)}{host}")
+
+
+def _host_waiting(f: Facts):
+    return "idle", f.idle, (f"{f.phase}: no verdict ({HOST_ONLY}): the recorded host ops cover {f.busy:.0%} of the window "
+                            f"({f.busy_us_per_window:.0f} µs each); the other {f.idle:.0%} is time the trace does not "
+                            f"attribute (waiting on a device, a peer, I/O, or code the profiler did not record)")
+
+
+def _data_movement(f: Facts):
+    return "memcpy", f.shares["memcpy"], (
+        f"{f.phase} is data-movement-bound: copies and memsets are {f.shares['memcpy']:.0%} of end-to-end latency, more "
+        f"than compute ({f.shares['compute']:.0%}); mostly {{copies}} (exposed communication {f.comm:.0%})")
+
+
+def _top_work(f: Facts) -> str:
+    """The largest share of work (idle aside)."""
+    return max(WORK_CATEGORIES, key=lambda c: f.shares[c])
+
+
+def _compute(f: Facts):
+    top = _top_work(f)
+    host = f" ({HOST_ONLY})" if not f.device else ""
+    return top, f.shares[top], (
+        f"{f.phase} is compute-bound: exposed communication is {f.comm:.0%} of end-to-end latency (threshold "
+        f"{f.threshold:.0%}); {LABEL[top]} {f.shares[top]:.0%}, idle {f.idle:.0%}{host}")
+
+
+def _unsupported(f: Facts):
+    top, share = f.largest()
+    return top, share, (f"{f.phase}: no verdict: no rule's precondition holds (largest share: {top} {share:.0%}, exposed "
+                        f"communication {f.comm:.0%}, idle {f.idle:.0%})")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("graph capture only", "the trace records graph capture and no replay", Verdict.UNKNOWN,
+         lambda f: f.graph == "capture-only", _graph_capture),
+    Rule("graph kernels missing", "graph replays are recorded without the kernels they ran", Verdict.UNKNOWN,
+         lambda f: f.graph == "replays-without-kernels", _graph_blind),
+    Rule("no work in the windows", f"recorded work under {MIN_BUSY_SHARE:.0%} of the windows' time", Verdict.UNKNOWN,
+         lambda f: f.busy < MIN_BUSY_SHARE, _empty),
+    Rule("device idle", f"a device timeline idle over {IDLE_BOUND:.0%} of the window", Verdict.HOST,
+         lambda f: f.device and f.idle > IDLE_BOUND, _device_idle),
+    Rule("exposed communication", "exposed communication above the threshold", Verdict.COMMUNICATION,
+         lambda f: f.comm > f.threshold, _communication),
+    Rule("host idle", f"a host timeline (no device activity) idle over {IDLE_BOUND:.0%} of the window", Verdict.UNKNOWN,
+         lambda f: not f.device and f.idle > IDLE_BOUND, _host_waiting),
+    Rule("copies over compute", "a device timeline whose copies and memsets exceed compute and other work",
+         Verdict.DATA_MOVEMENT, lambda f: f.device and f.shares["memcpy"] > max(f.shares["compute"], f.shares["other"]),
+         _data_movement),
+    Rule("compute", f"computation (compute or other work, not communication or copies) the largest share of work, "
+                    f"the timeline busy at least {1 - IDLE_BOUND:.0%}",
+         Verdict.COMPUTE, lambda f: f.idle <= IDLE_BOUND and _top_work(f) in ("compute", "other"), _compute),
+    Rule("nothing holds", "none of the above", Verdict.UNKNOWN, lambda f: True, _unsupported),
+)
+
+
+def judge(f: Facts) -> tuple[Rule, str, float, str]:
+    """The first rule whose precondition holds, and what it says."""
+    rule = next(r for r in RULES if r.holds(f))
+    return (rule, *rule.says(f))
 
 
 def axis_note(cat: str, provenance: dict) -> str:
@@ -74,36 +211,17 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         comm_share = sum(shares[c] for c in COMM_CATS)
         top_comm = max(COMM_CATS, key=lambda c: shares[c])
         graph = _graph_state(graphs, rows)
-        way = None
-        notes = []
-        if graph == "capture-only":
-            notes.append("the trace records CUDA/HIP graph capture but no replay: profile serving steps, not the capture")
-        elif graph == "replays-without-kernels":
-            notes.append("the trace records graph replays but not the kernels they ran (most replays are followed by "
-                         "no kernel): the device's time cannot be told from it; profile with the graph's kernels recorded")
-        if notes:
-            verdict, dominant, share = Verdict.UNKNOWN, "unknown", 0.0
-            summary = f"{phase}: no verdict: {notes[0]}"
-        elif device and idle > IDLE_BOUND:
-            verdict, dominant, share = Verdict.HOST, "idle", idle
-            summary = (f"{phase} is host/launch-bound: the device is idle {idle:.0%} of the window "
-                       f"(exposed communication {comm_share:.0%})")
-        elif comm_share > threshold:
-            verdict, dominant, share = Verdict.COMMUNICATION, top_comm, shares[top_comm]
-            summary = (f"{phase} is communication-bound: exposed communication is {comm_share:.0%} of end-to-end "
-                       f"latency (threshold {threshold:.0%}), {LABEL[top_comm]} {shares[top_comm]:.0%}"
-                       f"{axis_note(top_comm, provenance)}")
-        elif device and shares["memcpy"] > max(shares["compute"], shares["other"]):
-            way = copy_direction_of(rows)
-            verdict, dominant, share = Verdict.DATA_MOVEMENT, "memcpy", shares["memcpy"]
-            summary = (f"{phase} is data-movement-bound: copies and memsets are {shares['memcpy']:.0%} of end-to-end "
-                       f"latency, more than compute ({shares['compute']:.0%}); mostly {way}"
-                       f" (exposed communication {comm_share:.0%})")
-        else:
-            top = max(("compute", "memcpy", "other"), key=lambda c: shares[c])
-            verdict, dominant, share = Verdict.COMPUTE, top, shares[top]
-            summary = (f"{phase} is compute-bound: exposed communication is {comm_share:.0%} of end-to-end latency "
-                       f"(threshold {threshold:.0%}); {LABEL[top]} {shares[top]:.0%}")
+        busy_us = sum(r["phases"][phase]["e2e_us"] - r["phases"][phase]["idle_us"] for r in rows) / max(
+            1, sum(r["phases"][phase]["windows"] for r in rows))
+        facts = Facts(phase, shares, idle, comm_share, top_comm, device, graph, busy_us, threshold, provenance)
+        rule, dominant, share, summary = judge(facts)
+        verdict = rule.verdict
+        way = copy_direction_of(rows) if verdict is Verdict.DATA_MOVEMENT else None
+        if way:
+            summary = summary.replace("{copies}", way)
+        notes = [summary] if verdict is Verdict.UNKNOWN else []  # why there is no verdict comes first
+        notes += ([] if device else [HOST_ONLY]) + _window_notes(rows, phase)
+        largest, largest_share = facts.largest()
         out[phase] = {
             "ranks": len(rows),
             "windows": max(r["phases"][phase]["windows"] for r in rows),
@@ -117,13 +235,34 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             "axis": AXIS_OF.get(dominant),
             "axis_source": _source(dominant, provenance),
             "dominant_share": share,
+            "largest": largest,
+            "largest_share": largest_share,
+            "verdict_rule": {"name": rule.name, "needs": rule.needs},
             "summary": summary,
             "notes": notes,
             "graphs": graph,
-            "recommendations": [] if notes else recommend(phase, shares, idle, device, threshold, matched, buckets,
+            "recommendations": [] if verdict is Verdict.UNKNOWN else recommend(phase, shares, idle, device, threshold, matched, buckets,
                                                           provenance, graph, copies=way if verdict is Verdict.DATA_MOVEMENT
                                                           else None),
         }
+    return out
+
+
+def _window_notes(rows: list[dict], phase: str) -> list[str]:
+    """Ranks whose windows hold less than MIN_IN_WINDOWS_PCT of their recorded work, and device
+    work that belongs to no step: what this phase's numbers leave out."""
+    out = []
+    for r in rows:
+        rule = r.get("phase_rule") or {}
+        pct = rule.get("busy_in_windows_pct")
+        if pct is not None and pct < MIN_IN_WINDOWS_PCT and rule.get("windows_from") != "whole trace":
+            out.append(f"rank {r['rank']}: its windows hold {pct:.0f}% of its recorded work; the rest lies outside "
+                       f"every step and is not in this breakdown")
+        for where in ("before_first_step", "after_last_step"):
+            w = rule.get(f"device_work_{where}") or {}
+            if w.get("events"):
+                out.append(f"rank {r['rank']}: {w['events']} device events ({w['us']:.0f} µs) launched "
+                           f"{where.replace('_', ' ')} belong to no step and are left out")
     return out
 
 

@@ -1,0 +1,122 @@
+"""One rank of a two-rank gloo job of a real torch.distributed producer under torch.profiler, for
+the first-contact tests (tests/test_producers.py): what each API really records, with the
+installed torch, analyzed as a user's trace would be.
+
+    python tests/training_jobs.py KIND RANK OUT_DIR
+
+KIND: `ddp` (DistributedDataParallel training: forward, backward, SGD step), `fsdp` (FSDP2
+`fully_shard` training), `dtensor-tp` (DTensor tensor parallelism, `parallelize_module` with
+Colwise/Rowwise plans, inference forwards), `pipeline` (`torch.distributed.pipelining`, two stages,
+GPipe schedule, inference), `no-dist` (no process group at all: a torchrun worker that profiles
+without torch.distributed; its trace records no rank and is named `<host>_<pid>` by
+tensorboard_trace_handler, as torch names it). Every step is a `ProfilerStep#N` (profiler.step()).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+STEPS = 3
+WIDTH = 64
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.ReLU(), nn.Linear(4 * WIDTH, WIDTH))
+
+
+def _train(model: nn.Module, prof) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, WIDTH)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        prof.step()
+
+
+def _ddp(rank: int, prof) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    _train(DistributedDataParallel(_mlp(), bucket_cap_mb=0.01), prof)  # small buckets: several allreduces
+
+
+def _fsdp(rank: int, prof) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2,))
+    model = _mlp()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    _train(model, prof)
+
+
+def _dtensor_tp(rank: int, prof) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    model = parallelize_module(_mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(16, WIDTH)
+    with torch.no_grad():
+        for _ in range(STEPS):
+            model(x)
+            prof.step()
+
+
+def _pipeline(rank: int, prof) -> None:
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.manual_seed(0)
+    stages = [nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.ReLU()), nn.Linear(4 * WIDTH, WIDTH)]
+    stage = PipelineStage(stages[rank], rank, 2, torch.device("cpu"))
+    sched = ScheduleGPipe(stage, n_microbatches=2)
+    x = torch.randn(16, WIDTH)
+    with torch.no_grad():
+        for _ in range(STEPS):
+            sched.step(x) if rank == 0 else sched.step()
+            prof.step()
+
+
+def _no_dist(rank: int, prof) -> None:
+    x = torch.randn(WIDTH, WIDTH)
+    for _ in range(STEPS):
+        for _ in range(20):
+            x = torch.tanh(x @ x)
+        prof.step()
+
+
+JOBS = {"ddp": _ddp, "fsdp": _fsdp, "dtensor-tp": _dtensor_tp, "pipeline": _pipeline, "no-dist": _no_dist}
+
+
+def main() -> None:
+    kind, out = sys.argv[1], sys.argv[3]
+    rank = int(os.environ.get("RANK", sys.argv[2]))
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    if kind != "no-dist":
+        dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    # one wait, one warm-up step, then STEPS recorded: work before the first recorded step is
+    # launched outside it, as a real job's is
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=STEPS, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(out)) as prof:
+        prof.step()  # the warm-up step's boundary
+        JOBS[kind](rank, prof)
+    if kind != "no-dist":
+        dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
