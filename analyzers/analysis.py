@@ -119,7 +119,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     _phase_waits(ranks, calls, waits)
     buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
-    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs)
+    axes = _provenance(calls, field=1)
+    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes)
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None, "rank_rule": chosen.rule,
@@ -133,6 +134,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         "collectives": matched,
         "message_sizes": buckets,
         "axis_provenance": provenance,
+        "axes_by_category": axes,
         "axis_reasons": dict(sorted(axis_reasons.items())),
         "kernel_links": links,
         "graphs": {str(r): g for r, g in sorted(graphs.items())},
@@ -144,17 +146,18 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     }
 
 
-def _provenance(calls: dict) -> dict[str, dict[str, int]]:
-    """Per communication category, how many calls had their axis declared, inferred or unknown."""
+def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:
+    """Per communication category, how many calls had their axis declared, inferred or unknown
+    (`field` 1: how many were on each axis)."""
     out: dict[str, dict[str, int]] = {}
     for c in calls.values():
         if not len(c):
             continue
         counts = np.bincount(c.kind, minlength=len(c.kinds))
-        for (_, _, cat, src), n in zip(c.kinds, counts.tolist()):
+        for kind, n in zip(c.kinds, counts.tolist()):
             if n:
-                out.setdefault(cat, {}).setdefault(src, 0)
-                out[cat][src] += n
+                out.setdefault(kind[2], {}).setdefault(kind[field], 0)
+                out[kind[2]][kind[field]] += n
     return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
 
 

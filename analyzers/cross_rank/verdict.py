@@ -39,6 +39,7 @@ class Facts:
     busy_us_per_window: float
     threshold: float
     provenance: dict
+    axes: dict  # per communication category, calls per axis
 
     @property
     def busy(self) -> float:
@@ -86,7 +87,8 @@ def _communication(f: Facts):
     host = "; host timeline only" if not f.device else ""
     return f.top_comm, f.shares[f.top_comm], (
         f"{f.phase} is communication-bound: exposed communication is {f.comm:.0%} of end-to-end latency (threshold "
-        f"{f.threshold:.0%}), {LABEL[f.top_comm]} {f.shares[f.top_comm]:.0%}{axis_note(f.top_comm, f.provenance)}{host}")
+        f"{f.threshold:.0%}), {LABEL[f.top_comm]} {f.shares[f.top_comm]:.0%}{axes_note(f.top_comm, f.axes)}"
+        f"{axis_note(f.top_comm, f.provenance)}{host}")
 
 
 def _host_waiting(f: Facts):
@@ -161,6 +163,15 @@ def axis_note(cat: str, provenance: dict) -> str:
     return " (axis partly inferred from the op)"
 
 
+def axes_note(cat: str, axes: dict) -> str:
+    """For other communication, the axes its calls are on (DP from a training step, or none known)."""
+    on = axes.get(cat) or {}
+    if cat != "other_comm" or set(on) <= {"other"}:
+        return ""
+    words = {"dp": "DP", "pp": "PP", "other": "no known axis"}
+    return " (" + ", ".join(f"{words.get(a, a.upper())}: {n} calls" for a, n in sorted(on.items(), key=lambda kv: -kv[1])) + ")"
+
+
 def _source(cat: str, provenance: dict) -> str | None:
     src = provenance.get(cat) or {}
     return None if not src else next(iter(src)) if len(src) == 1 else "mixed"
@@ -191,8 +202,10 @@ def copy_direction_of(rows: list[dict]) -> str:
 
 
 def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict],
-                  provenance: dict | None = None, graphs: dict | None = None) -> dict:
-    provenance, graphs = provenance or {}, graphs or {}
+                  provenance: dict | None = None, graphs: dict | None = None, axes: dict | None = None) -> dict:
+    """Per phase: its shares over the ranks, the verdict of the first rule that holds, advice.
+    `axes`: per communication category, calls per axis (other communication may be DP)."""
+    provenance, graphs, axes = provenance or {}, graphs or {}, axes or {}
     out = {}
     names = sorted({p for r in ranks for p in r["phases"]},
                    key=lambda p: PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER))
@@ -213,7 +226,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         graph = _graph_state(graphs, rows)
         busy_us = sum(r["phases"][phase]["e2e_us"] - r["phases"][phase]["idle_us"] for r in rows) / max(
             1, sum(r["phases"][phase]["windows"] for r in rows))
-        facts = Facts(phase, shares, idle, comm_share, top_comm, device, graph, busy_us, threshold, provenance)
+        facts = Facts(phase, shares, idle, comm_share, top_comm, device, graph, busy_us, threshold, provenance, axes)
         rule, dominant, share, summary = judge(facts)
         verdict = rule.verdict
         way = copy_direction_of(rows) if verdict is Verdict.DATA_MOVEMENT else None

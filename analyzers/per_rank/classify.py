@@ -11,7 +11,8 @@ launched it (links.py) and takes that op's collective, group, size and Seq.
 
 Each collective's axis carries how it was decided (`axis_source`): `declared` (our spans; a
 process group whose name or description says tp/tensor, cp/context, ep/expert/moe, dp/data),
-`inferred` (allreduce -> TP, all-to-all -> EP; a collective fired from the gradient-ready hook -> DP),
+`inferred` (allreduce -> TP, all-to-all -> EP; in a training step with no tensor parallelism in
+sight, allreduce / reduce-scatter / all-gather -> DP, context.py),
 or `unknown` (a bare send/recv could be pipeline, context-parallel or part of an all-to-all:
 it is p2p of unknown axis, never CP ring).
 """
@@ -40,7 +41,7 @@ from commprobe.common.vocab import (
 )
 
 from ..readers.model import DEVICE_CATS, Trace, TraceError, codes
-from .context import inherit_c10d, inherit_outer, sequence_parallel
+from .context import data_parallel, inherit_c10d, inherit_outer, sequence_parallel
 from .coordinates import declare
 
 _KERNELS_TOML = Path(__file__).parent.parent / "comm_kernels.toml"
@@ -311,6 +312,7 @@ def classify(trace: Trace, rules: list[Rule] = (), coords: dict[int, dict[str, i
     group_notes = declare(trace.distributed, coords or {}, comm_idx, category, comm_op, comm_axis, comm_group, axis_source)
     inherit_c10d(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source)
     axis_notes = group_notes + sequence_parallel(trace, category, comm_idx, comm_op, comm_axis, axis_source)
+    axis_notes += data_parallel(trace, category, comm_idx, comm_op, comm_axis, axis_source)
     inherit_outer(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source, is_own_span,
                   lambda name: not is_own_span(name))
     counts = np.bincount(inverse, minlength=len(uniq)) if n else np.zeros(len(uniq), np.int64)

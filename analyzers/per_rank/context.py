@@ -15,7 +15,7 @@ from commprobe.common.vocab import AxisSource, Category, category_for
 from ..readers.model import Trace
 
 COMPUTE = int(Category.COMPUTE)
-DECLARED, INFERRED = int(AxisSource.DECLARED), int(AxisSource.INFERRED)
+DECLARED, INFERRED, UNKNOWN = int(AxisSource.DECLARED), int(AxisSource.INFERRED), int(AxisSource.UNKNOWN)
 
 
 _ATTENTION = re.compile(r"attention|attn|fmha|sdpa|scaled_dot_product", re.I)
@@ -51,6 +51,53 @@ def sequence_parallel(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, 
         comm_axis[i], category[i] = "cp", category_for("all_to_all", "cp")
     return [f"{len(a2a)} all-to-all(s) are CP (sequence-parallel attention, Ulysses-style): attention runs between "
             f"them ({int(between.sum())} time(s)) and nothing of experts or routing is in the trace"]
+
+
+# Evidence a training job leaves: backward (the autograd engine), an optimizer step, DDP's
+# forward/reducer, FSDP's hooks (FSDP1 and FSDP2 name their record_functions "FSDP::...").
+_TRAINING = re.compile(r"^autograd::engine::evaluate_function|^Optimizer\.(step|zero_grad)|DistributedDataParallel|"
+                       r"Reducer|^FSDP::|FullyShardedDataParallel|fully_shard")
+_FSDP = re.compile(r"^FSDP::|FullyShardedDataParallel|fully_shard")
+# Evidence of tensor parallelism: DTensor's functional collectives and parallel styles, Megatron's
+# and vLLM's parallel layers and their collectives.
+_TP = re.compile(r"^_c10d_functional::|ColwiseParallel|RowwiseParallel|parallelize_module|tensor_model_parallel|"
+                 r"RowParallelLinear|ColumnParallelLinear|VocabParallelEmbedding")
+_DP_OPS = ("allreduce", "reduce_scatter", "all_gather")
+
+
+def data_parallel(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
+                  axis_source: np.ndarray) -> list[str]:
+    """An allreduce is not always TP: a training step (backward and optimizer work, DDP's reducer,
+    FSDP's hooks) with nothing of tensor parallelism in the trace reduces gradients over data
+    parallelism: its allreduces, reduce-scatters and all-gathers whose axis was only inferred or
+    is unknown are DP, inferred (FSDP: its all-gathers of parameters and reduce-scatters of
+    gradients). Where the trace also shows tensor parallelism, an op-inferred allreduce could be
+    either: its axis is unknown, never TP by default; DTensor's functional collectives stay TP.
+    The reason is returned (the result's `axis_reasons`); a declared axis is never changed."""
+    if not comm_idx.size or not any(_TRAINING.search(n) for n in trace.names):
+        return []
+    fsdp = any(_FSDP.search(n) for n in trace.names)
+    tp_names = np.fromiter((bool(_TP.search(n)) for n in trace.names), bool, len(trace.names))
+    tp_seen = bool(tp_names.any()) or any(comm_axis[i] == "tp" and axis_source[i] == DECLARED for i in comm_idx.tolist())
+    moved = []
+    for i in comm_idx.tolist():
+        if comm_op[i] not in _DP_OPS or axis_source[i] == DECLARED or comm_axis[i] not in ("tp", "other"):
+            continue
+        if tp_seen:
+            if comm_axis[i] == "tp" and not tp_names[trace.name_id[i]]:
+                comm_axis[i], category[i], axis_source[i] = "other", category_for(comm_op[i], "other"), UNKNOWN
+                moved.append(i)
+            continue
+        comm_axis[i], category[i], axis_source[i] = "dp", category_for(comm_op[i], "dp"), INFERRED
+        moved.append(i)
+    if not moved:
+        return []
+    if tp_seen:
+        return [f"{len(moved)} allreduce event(s) of unknown axis: a training step (backward, optimizer) that also shows "
+                f"tensor parallelism, so a gradient allreduce (DP) and a TP allreduce cannot be told apart"]
+    what = "FSDP's all-gathers and reduce-scatters" if fsdp else "gradient reductions"
+    return [f"{len(moved)} collective event(s) are DP ({what}): the trace holds a training step (backward, optimizer"
+            f"{', FSDP hooks' if fsdp else ''}) and nothing of tensor parallelism"]
 
 
 def _is_c10d(name: str) -> bool:

@@ -1,0 +1,132 @@
+"""Invariants every analysis must keep, on every input: checked over the real inputs the suite has
+(tests/test_invariants.py) and over whatever a user names here.
+
+    python bench/invariants.py [INPUT ...]      # default: every real trace in tests/data/traces
+
+Per rank and phase: exposed time per category plus idle is the window time (work that overlaps
+across categories is counted once per category it belongs to, so the sum may exceed e2e only by
+such overlap, never fall short of it); the windows do not overlap (no event in two windows) unless
+the analysis reports overlapping windows; their total is no longer than the rank's span of work;
+every rank names the rule that chose its rank and its windows; the share of its work inside the
+windows is reported. Per phase: the verdict agrees with its shares (communication-bound above the
+threshold, host/launch-bound only on an idle device, compute-bound only where computation is the
+largest work and the timeline is at least half busy), and 'largest' is the largest share. For
+Kineto JSON inputs the device work inside the windows is also counted from the raw events (json,
+gzip) and must equal the reported share.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "tests" / "data" / "traces"
+TOL = 1e-6  # relative
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+
+
+def real_inputs() -> list[Path]:
+    """Every real input shipped with the repository: one per directory of rank traces, one per file."""
+    return [REAL / "facebookresearch-param", *sorted((REAL / "hta").glob("*.json.gz")),
+            *sorted((REAL / "hpcgroup-pipit").glob("*.sqlite")), *sorted((REAL / "amd").glob("*.gz"))]
+
+
+def check(result: dict, raw: Path | None = None) -> list[str]:
+    """The violations of the invariants in one analysis (empty: all hold). `raw`: the input, for the
+    raw-event count of work inside the windows where it is Kineto JSON."""
+    bad: list[str] = []
+    thr = result["threshold"]
+    for r in result["ranks"]:
+        who = f"rank {r['rank']}"
+        if not r.get("rank_rule"):
+            bad.append(f"{who}: names no rank rule")
+        rule = r.get("phase_rule") or {}
+        if not rule.get("windows_from"):
+            bad.append(f"{who}: names no window rule")
+        if "busy_in_windows_pct" not in rule:
+            bad.append(f"{who}: does not report the share of its work inside its windows")
+        spans = sorted((a, b) for sp in r["windows"].values() for a, b in sp)
+        overlaps = sum(1 for (a0, b0), (a1, b1) in zip(spans, spans[1:]) if a1 < b0 - 1e-6)
+        if overlaps and not rule.get("overlapping_windows"):
+            bad.append(f"{who}: {overlaps} windows overlap and the analysis does not say so")
+        for ph, p in r["phases"].items():
+            e2e = p["e2e_us"]
+            parts = sum(c["exposed_us"] for c in p["categories"].values()) + p["idle_us"]
+            if parts < e2e * (1 - TOL) - 1e-6:
+                bad.append(f"{who} {ph}: exposed + idle = {parts:.3f} µs < e2e {e2e:.3f} µs (time unaccounted)")
+            if spans and e2e > (spans[-1][1] - spans[0][0]) * (1 + TOL) + 1e-6:
+                bad.append(f"{who} {ph}: e2e {e2e:.3f} µs is longer than the rank's windows' span")
+    for ph, p in result["phases"].items():
+        shares = p["exposed_share"]
+        cands = {**shares, "idle": p["idle_share"]}
+        if "largest" in p and cands[p["largest"]] < max(cands.values()) - 1e-12:
+            bad.append(f"{ph}: 'largest' is {p['largest']} but {max(cands, key=cands.get)} is larger")
+        v = p["verdict"]
+        if v == "communication-bound" and not p["exposed_comm_share"] > thr:
+            bad.append(f"{ph}: communication-bound at {p['exposed_comm_share']:.1%} (threshold {thr:.0%})")
+        if v == "host/launch-bound" and not p["idle_share"] > 0.5:
+            bad.append(f"{ph}: host/launch-bound with the device idle only {p['idle_share']:.0%}")
+        if v == "compute-bound":
+            top = max(shares, key=shares.get)
+            if top not in ("compute", "other") or p["idle_share"] > 0.5:
+                bad.append(f"{ph}: compute-bound but the largest work is {top} and idle is {p['idle_share']:.0%}")
+        if v == "unknown" and not p.get("notes"):
+            bad.append(f"{ph}: unknown without a reason")
+    if raw is not None and raw.is_file() and raw.name.endswith((".json", ".json.gz")) and len(result["ranks"]) == 1:
+        bad += _raw_inside(result["ranks"][0], raw, result["origin_ns"])
+    return bad
+
+
+def _raw_inside(rank: dict, raw: Path, origin_ns: int) -> list[str]:
+    """The share of device work (else host ops) inside the rank's windows, counted from the raw JSON."""
+    opener = gzip.open if raw.name.endswith(".gz") else open
+    with opener(raw, "rt") as f:
+        doc = json.load(f)
+    if isinstance(doc, dict) and "traceEvents" not in doc:
+        return []  # JSON of another producer (rocprofv3): its reader's own tests count it
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    base = (doc.get("baseTimeNanoseconds") or 0) if isinstance(doc, dict) else 0
+    xs = [e for e in events if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    dev = [e for e in xs if e.get("cat") in DEVICE_CATS]
+    if not dev or rank["timeline"] != "device" or (rank["phase_rule"].get("device_work_before_first_step") or {}).get(
+            "events") or (rank["phase_rule"].get("device_work_after_last_step") or {}).get("events"):
+        return []  # work of no step is left out of the timeline: its share is checked where there is none
+    shift = (base - origin_ns) / 1000.0
+    spans = sorted((a, b) for sp in rank["windows"].values() for a, b in sp)
+    busy = _union([(e["ts"] + shift, e["ts"] + e["dur"] + shift) for e in dev])
+    total = sum(b - a for a, b in busy)
+    inside = sum(max(0.0, min(b, wb) - max(a, wa)) for a, b in busy for wa, wb in _union(spans))
+    pct = 100.0 * inside / total if total else 100.0
+    got = rank["phase_rule"]["busy_in_windows_pct"]
+    return [] if abs(pct - got) < 0.01 else [f"rank {rank['rank']}: {got}% of work inside windows reported, "
+                                             f"{pct:.3f}% counted from the raw events"]
+
+
+def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def main() -> int:
+    from commprobe.analyzers.analysis import analyze
+
+    inputs = [Path(a) for a in sys.argv[1:]] or real_inputs()
+    failed = 0
+    for p in inputs:
+        bad = check(analyze(p), p)
+        failed += bool(bad)
+        print(f"{'ok  ' if not bad else 'FAIL'} {p}" + "".join(f"\n     {b}" for b in bad))
+    print(f"{len(inputs) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""Real torch.distributed producers on gloo, profiled at test time (tests/training_jobs.py), read as
+a user's traces would be: DDP and FSDP2 training steps are data parallelism, DTensor tensor
+parallelism is TP, a two-stage pipeline's sends are of no known axis, a torchrun worker that never
+made a process group is ranked by (host, pid) from the name torch gives its trace. Every truth is
+counted here from the raw JSON (json, re), never taken from the analyzer."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commprobe.analyzers.analysis import analyze
+from tests.conftest import ROOT
+
+KINDS = ("ddp", "fsdp", "dtensor-tp", "pipeline", "no-dist")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for kind in KINDS:
+        d = tmp_path_factory.mktemp(kind)
+        procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "training_jobs.py"), kind, str(r), str(d)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+        for p in procs:
+            try:
+                log, _ = p.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                pytest.fail(f"{kind}: a rank did not finish in 180 s")
+            assert p.returncode == 0, f"{kind}: {log[-2000:]}"
+        (d / "rendezvous").unlink(missing_ok=True)
+        out[kind] = d
+    return out
+
+
+def _raw(d: Path) -> list[dict]:
+    """Per trace file (name order): its complete events' name counts, its ProfilerStep names, its rank."""
+    out = []
+    for f in sorted(d.glob("*.pt.trace.json")):
+        doc = json.loads(f.read_text())
+        xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        out.append({"file": f.name, "names": collections.Counter(e["name"] for e in xs),
+                    "steps": sorted({e["name"] for e in xs if re.fullmatch(r"ProfilerStep#\d+", e["name"])}),
+                    "rank": (doc.get("distributedInfo") or {}).get("rank")})
+    return out
+
+
+def _count(raw: list[dict], names: tuple[str, ...]) -> int:
+    return sum(r["names"][n] for r in raw for n in names)
+
+
+def test_ddp_training_is_data_parallel(runs):
+    raw = _raw(runs["ddp"])
+    assert all(r["names"]["Optimizer.step#SGD.step"] == 3 for r in raw)  # a training step, on both ranks
+    grads = _count(raw, ("c10d::allreduce_", "c10d::allgather_"))  # the program's collective calls
+    a = analyze(runs["ddp"])
+    # every gradient collective is DP (gloo's work runs on a worker thread, after the c10d op returns:
+    # the call and its work are each counted, as every collective's are where they do not nest)
+    assert a["axes_by_category"]["other_comm"]["dp"] in (grads, 2 * grads) and grads > 0
+    assert "tp_allreduce" not in a["axes_by_category"]  # before: DDP's gradient allreduces were TP
+    assert "DP: " in a["phases"]["step"]["summary"]
+    assert [r["phases"]["step"]["windows"] for r in a["ranks"]] == [len(r["steps"]) for r in raw] == [3, 3]
+
+
+def test_fsdp2_training_is_data_parallel(runs):
+    raw = _raw(runs["fsdp"])
+    assert all(any(n.startswith("FSDP::") for n in r["names"]) for r in raw)
+    shards = _count(raw, ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_"))
+    a = analyze(runs["fsdp"])
+    assert set(a["axes_by_category"]) == {"other_comm"} and set(a["axes_by_category"]["other_comm"]) == {"dp"}
+    assert a["axes_by_category"]["other_comm"]["dp"] in (shards, 2 * shards) and shards > 0
+    assert "FSDP's all-gathers and reduce-scatters" in a["axis_reasons"]["rank 0"]
+
+
+def test_dtensor_tensor_parallel_stays_tp(runs):
+    raw = _raw(runs["dtensor-tp"])
+    assert _count(raw, ("_c10d_functional::all_reduce",)) == 2 * 3  # one RowwiseParallel allreduce per step
+    assert not any(n.startswith(("autograd::engine", "Optimizer.")) for r in raw for n in r["names"])
+    a = analyze(runs["dtensor-tp"])
+    assert a["axes_by_category"]["tp_allreduce"] == {"tp": a["axes_by_category"]["tp_allreduce"]["tp"]}
+    assert not any("dp" in v for v in a["axes_by_category"].values())
+
+
+def test_pipeline_sends_are_of_no_known_axis(runs):
+    raw = _raw(runs["pipeline"])
+    p2p = _count(raw, ("c10d::send", "c10d::recv_"))
+    a = analyze(runs["pipeline"])
+    assert a["axes_by_category"] == {"other_comm": {"other": p2p}} and p2p > 0
+
+
+def test_workers_without_a_process_group_are_ranked_by_host_and_pid(runs):
+    raw = _raw(runs["no-dist"])
+    assert [r["rank"] for r in raw] == [None, None]  # no distributedInfo: the trace records no rank
+    pids = [int(re.match(r"^[^_]+_(\d+)\.", r["file"]).group(1)) for r in raw]
+    a = analyze(runs["no-dist"])
+    assert a["source"]["rank_rule"] == "(host, pid)"
+    assert [r["identity"]["pid"] for r in a["ranks"]] == sorted(pids)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_invariants_hold_on_every_producer(runs, kind):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("invariants", ROOT / "bench" / "invariants.py")
+    inv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inv)
+    a = analyze(runs[kind])
+    assert inv.check(a) == []
+    # a host timeline: every phase says so, and no verdict rests on device time
+    assert all("host timeline only" in " ".join(p["notes"]) for p in a["phases"].values())
