@@ -138,6 +138,7 @@ def analyze(
                                          help="A Dask scheduler (tcp://host:port): analyze the ranks on its cluster."),
     rank_from: str | None = typer.Option(None, help="Nsight exports: a regex whose first group, in the file name, "
                                                     "is the rank (e.g. 'node(\\d+)')."),
+    wide: bool = typer.Option(False, "--wide", help="Every category a column, those with no time too."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
     import json
@@ -156,7 +157,7 @@ def analyze(
     else:
         from commprobe.reports.terminal import render_analysis
 
-        render_analysis(result, console)
+        render_analysis(result, console, wide=wide)
 
 
 @app.command()
@@ -290,7 +291,7 @@ def capture(
         f"client TTFT median {c['ttft_ms'] or 0:.1f} ms (target < 350), TTIT median {c['ttit_ms'] or 0:.1f} ms "
         f"(target < 25); {len(cap.files)} trace file(s) in {cap.bundle}")
     render_analysis(result, console)
-    render_next_steps(str(cap.bundle), {cap.engine: result["phases"]}, console)
+    render_next_steps(str(cap.bundle), {cap.engine: result["phases"]}, console, source="capture")
 
 
 @app.command()

@@ -27,7 +27,17 @@ class _LazyConsole:
         return getattr(self.real(), name)
 
 
-console = _LazyConsole(width=None if sys.stdout.isatty() else 120)
+def _width() -> int | None:
+    """COLUMNS where set (a pipe or a test asks for a width), else the terminal's, else 120."""
+    import os
+
+    cols = os.environ.get("COLUMNS", "")
+    if cols.isdigit() and 20 <= int(cols) <= 1000:
+        return int(cols)
+    return None if sys.stdout.isatty() else 120
+
+
+console = _LazyConsole(width=_width())
 err = _LazyConsole(stderr=True)
 
 

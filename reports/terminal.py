@@ -11,7 +11,38 @@ from commprobe.common.vocab import WORK_CATEGORIES, Verdict
 CATS = WORK_CATEGORIES
 
 
-def render_analysis(result: dict, console: Console) -> None:
+HEADING = {"compute": "compute", "tp_allreduce": "TP ar", "cp_ring": "CP ring", "ep_all_to_all": "EP a2a",
+           "other_comm": "oth comm", "memcpy": "copy", "other": "other"}
+
+
+def breakdown_table(result: dict, wide: bool = False) -> Table:
+    """Exposed time per rank and phase. Narrow enough for 100 columns without cutting a number:
+    short headings, ms where a window's µs run to five digits, and (unless `wide`) only the
+    categories some rank spends time in; the others are named in the caption."""
+    rows = [(r["rank"], ph, p) for r in result["ranks"] for ph, p in r["phases"].items()]
+    per_window = [p["e2e_us"] / max(1, p["windows"]) for _, _, p in rows]
+    ms = bool(per_window) and max(per_window) >= 10_000
+    unit, scale = ("ms", 1e-3) if ms else ("µs", 1.0)
+    cats = [c for c in CATS if wide or c == "compute"
+            or any(p["categories"][c]["exposed_us"] > 0 for _, _, p in rows)]
+    empty = [c for c in CATS if c not in cats]
+    caption = f"no time in: {', '.join(empty)} (--wide shows every category)" if empty else None
+    table = Table(title=f"Exposed time per rank and phase ({unit} per window, % of end-to-end)", caption=caption)
+    for col in ("rank", "phase", f"e2e {unit}", *(HEADING[c] for c in cats), "idle"):
+        table.add_column(col, justify="right", no_wrap=True)
+
+    def cell(us: float, w: int, e2e: float) -> str:
+        v = us / w * scale
+        return f"{v:.1f} {us / e2e:.0%}" if ms else f"{v:.0f} {us / e2e:.0%}"
+
+    for rank, phase, p in rows:
+        w, e2e = max(1, p["windows"]), p["e2e_us"] or 1.0
+        table.add_row(str(rank), phase, f"{p['e2e_us'] / w * scale:.1f}" if ms else f"{p['e2e_us'] / w:.0f}",
+                      *(cell(p["categories"][c]["exposed_us"], w, e2e) for c in cats), cell(p["idle_us"], w, e2e))
+    return table
+
+
+def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
     src = result["source"]
     console.print(f"[bold]commprobe analyze[/]: {escape(src['path'])} ({len(src['files'])} rank trace(s), "
                   f"{src['uncompressed_bytes'] / 1e6:.1f} MB, {result['elapsed_s']:.2f} s)", highlight=False)
@@ -28,33 +59,30 @@ def render_analysis(result: dict, console: Console) -> None:
             console.print(f"  - {escape(rec)}", highlight=False)
         for note in p.get("notes", []):
             console.print(f"  note: {escape(note)}", highlight=False)
-    table = Table(title="Exposed time per rank and phase (µs per window; share of end-to-end)")
-    for col in ("rank", "phase", "e2e", *CATS, "idle"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for r in result["ranks"]:
-        for phase, p in r["phases"].items():
-            w, e2e = p["windows"], p["e2e_us"] or 1.0
-            cells = [f"{p['categories'][c]['exposed_us'] / w:.0f} ({p['categories'][c]['exposed_us'] / e2e:.0%})" for c in CATS]
-            table.add_row(str(r["rank"]), phase, f"{p['e2e_us'] / w:.0f}", *cells,
-                          f"{p['idle_us'] / w:.0f} ({p['idle_us'] / e2e:.0%})")
-    console.print(table)
+    console.print(breakdown_table(result, wide))
     coll = result["collectives"]
     if coll["matched_calls"]:
         t = Table(title=f"Collectives matched across ranks: {coll['matched_calls']} calls"
                         + (f"; straggler: rank {coll['straggler']}" if coll["straggler"] is not None else ""))
-        for col in ("rank", "calls", "transfer µs", "wait for straggler µs", "times last"):
-            t.add_column(col, justify="right")
+        t.caption = "wait: µs spent waiting for the last rank to arrive"
+        for col in ("rank", "calls", "transfer µs", "wait µs", "times last"):
+            t.add_column(col, justify="right", no_wrap=True)
         for r in coll["ranks"]:
             t.add_row(str(r["rank"]), str(r["calls"]), f"{r['transfer_us']:.0f}", f"{r['wait_us']:.0f}", str(r["times_last"]))
         console.print(t)
     if result["message_sizes"]:
-        t = Table(title="Collective latency by message size")
-        for col in ("op", "axis", "axis from", "≤ bytes", "count", "median µs", "p90 µs", "algbw GB/s", "busbw GB/s"):
-            t.add_column(col, justify="right")
+        from commprobe.common.units import human_size
+
+        mark = {"inferred": "*", "unknown": "?"}
+        t = Table(title="Collective latency by message size", caption="axis: * inferred from the op, ? unknown; "
+                  "bus bandwidth in GB/s" + ("" if wide else " (--wide: algorithm bandwidth too)"))
+        cols = ("op", "axis", "≤ size", "count", "median µs", "p90 µs", *(("algbw",) if wide else ()), "busbw")
+        for col in cols:
+            t.add_column(col, justify="right", no_wrap=True)
         for b in result["message_sizes"]:
-            t.add_row(escape(b["op"]), b["axis"], b.get("axis_source", ""), str(b["bucket_bytes"]), str(b["count"]),
-                      f"{b['median_us']:.1f}",
-                      f"{b['p90_us']:.1f}", f"{b['algbw_GBps']:.2f}", f"{b['busbw_GBps']:.2f}")
+            t.add_row(escape(b["op"]), b["axis"] + mark.get(b.get("axis_source", ""), ""), human_size(b["bucket_bytes"]),
+                      str(b["count"]), f"{b['median_us']:.1f}", f"{b['p90_us']:.1f}",
+                      *((f"{b['algbw_GBps']:.2f}",) if wide else ()), f"{b['busbw_GBps']:.2f}")
         console.print(t)
     links = result.get("kernel_links") or {}
     if links.get("comm_kernels"):
@@ -118,10 +146,11 @@ def render_profile(results: list, backends: list[str], axes: list[str], console:
     (probe.run.RankResult rows: their timings are what the ranks measured)."""
     for b in backends:
         table = Table(title=f"Latency per rank and phase, backend {b} (un-profiled; comm % = blocked in that axis's collectives)")
-        cols = ["rank", "TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s"]
-        cols += [f"prefill {a} %" for a in axes] + [f"decode {a} %" for a in axes] + ["weights MB"]
+        table.caption = "TTIT: median and p90 ms; pre/dec AXIS %: prefill/decode time blocked in that axis's collectives"
+        cols = ["rank", "TTFT ms", "TTIT ms", "p90 ms", "tok/s"]
+        cols += [f"pre {a} %" for a in axes] + [f"dec {a} %" for a in axes] + ["MB"]
         for col in cols:
-            table.add_column(col, justify="right")
+            table.add_column(col, justify="right", no_wrap=True)
         for res in results:
             r = res.timings[b]
             table.add_row(str(r.rank), f"{r.ttft_median_ms:.1f}", f"{r.ttit_median_ms:.2f}", f"{r.ttit_p90_ms:.2f}",
@@ -131,10 +160,11 @@ def render_profile(results: list, backends: list[str], axes: list[str], console:
         console.print(table)
 
 
-def render_next_steps(out: str, verdicts: dict[str, dict | str], console: Console) -> None:
+def render_next_steps(out: str, verdicts: dict[str, dict | str], console: Console, source: str = "profile") -> None:
     """The run's verdict (per backend and phase, from each sub-bundle's analysis `phases`) and
     the commands that dig further, the way git says what to do next. A backend maps to its
-    phases, or to why there is no analysis."""
+    phases, or to why there is no analysis. `source`: what wrote the bundle (`profile` of our
+    reference model, or `capture` of a user's server): the next steps fit what was read."""
     console.print(f"bundle: {out}", highlight=False, markup=False, soft_wrap=True)
     console.print("verdict:", highlight=False, markup=False)
     for b, phases in verdicts.items():
@@ -150,6 +180,9 @@ def render_next_steps(out: str, verdicts: dict[str, dict | str], console: Consol
              (f"commprobe report {out} -o report.html", "one HTML page: breakdown, timelines, telemetry")]
     if len(subs) > 1:
         steps.append((f"commprobe compare {out}/{subs[0]} {out}/{subs[1]}", f"{subs[1]} against {subs[0]}, B/A"))
+    elif source == "capture":
+        steps.append((f"commprobe report {out} AFTER -o compare.html",
+                      "capture again after a change (into AFTER), then compare the two, B/A"))
     else:
         steps.append(("commprobe profile --backend gloo,dda --out runs/ab", "then compare runs/ab/gloo runs/ab/dda"))
     console.print("next:", highlight=False, markup=False)

@@ -41,7 +41,7 @@ def test_profile_prints_latency_table_from_checkpoint(tmp_path):
     r = run_cli("profile", "--checkpoint", str(tmp_path / "ckpt"), "--tp", "2", "--steps", "3",
                 "--prompt-len", "16", "--repeats", "1", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
-    for col in ("TTFT ms", "TTIT median ms", "TTIT p90 ms", "tokens/s"):
+    for col in ("TTFT ms", "TTIT ms", "p90 ms", "tok/s"):
         assert col in r.stdout
     assert r.stdout.count("│    0 │") == 1 and r.stdout.count("│    1 │") == 1
 
@@ -63,3 +63,38 @@ def test_profile_with_two_backends_gives_the_same_tokens(tmp_path):
     run = str(tmp_path / "run")
     assert f"commprobe analyze {run}/gloo" in after and f"commprobe report {run}" in after
     assert f"commprobe compare {run}/gloo {run}/dda" in after
+
+
+@pytest.mark.parametrize("columns", ["100", "80"])
+def test_analyze_tables_cut_no_number_at_100_and_80_columns(real_traces, columns):
+    """A person reads the terminal tables: at 100 and 80 columns no cell is cut ('…'), and every
+    rank's e2e per window appears whole."""
+    import json
+
+    for inp in (real_traces / "facebookresearch-param", real_traces / "hta" / "nccl_parser_config_nccl_data.json.gz"):
+        r = run_cli("analyze", str(inp), "--jobs", "1", env={"COLUMNS": columns})
+        assert r.returncode == 0, r.stderr
+        assert "…" not in r.stdout, r.stdout
+        assert max(len(line) for line in r.stdout.splitlines()) <= int(columns)
+        a = json.loads(run_cli("analyze", str(inp), "--jobs", "1", "--json").stdout)
+        ms = max(p["e2e_us"] / p["windows"] for rk in a["ranks"] for p in rk["phases"].values()) >= 10_000
+        for rk in a["ranks"]:
+            for p in rk["phases"].values():
+                e2e = p["e2e_us"] / p["windows"]
+                assert (f"{e2e / 1000:.1f}" if ms else f"{e2e:.0f}") in r.stdout
+
+
+def test_next_steps_fit_what_was_read():
+    """After a server capture the next steps are its own (analyze, report, compare two captures),
+    not a profile of commprobe's reference model."""
+    from rich.console import Console
+
+    from commprobe.reports.terminal import render_next_steps
+
+    def said(source: str) -> str:
+        c = Console(record=True, width=200)
+        render_next_steps("runs/cap", {"vllm": {}}, c, source=source)
+        return c.export_text()
+
+    assert "commprobe profile" not in said("capture") and "commprobe report runs/cap AFTER" in said("capture")
+    assert "commprobe profile --backend gloo,dda" in said("profile")

@@ -215,3 +215,22 @@ def test_the_last_collectives_before_the_hang_from_kineto_traces_beside_the_dump
                                  {"seq": 4, "op": "allgather"}],
                            "1": [{"seq": 1, "op": "allreduce"}, {"seq": 2, "op": "allreduce"},
                                  {"seq": 3, "op": "allreduce"}]}
+
+
+def test_dumps_are_found_by_content_whatever_their_prefix(tmp_path):
+    """TORCH_FR_DUMP_TEMP_FILE can be any prefix: torch writes prefix + rank. Dumps named
+    `/scratch/job42/dump-0` and `dump-1` (no 'trace', 'fr' or 'flight' in the name) are found by
+    what they hold (a pickle or JSON with an entries list); a log and a config beside them are not dumps."""
+    d = tmp_path / "dumps"
+    d.mkdir()
+    t0 = 1_800_000_000_000_000_000
+    (d / "dump-0").write_bytes(pickle.dumps(_dump([_entry(1, "all_reduce"),
+                                                   _entry(2, "all_reduce", state="started", started=t0)])))
+    (d / "dump-1").write_bytes(json.dumps(_dump([_entry(1, "all_reduce"), _entry(2, "all_reduce", state="started",
+                                                                               started=t0 + 2_000_000_000)])).encode())
+    (d / "job.log").write_text("NCCL watchdog timeout on rank 1\n")
+    (d / "config-7.json").write_text(json.dumps({"world": 2}))
+    res = analyze_hang(d)
+    assert res["ranks"] == [0, 1]
+    (f,) = res["findings"]
+    assert (f["kind"], f["seq"], f["started_last"]) == ("stuck_in_transfer", 2, 1)

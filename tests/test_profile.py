@@ -173,7 +173,7 @@ def test_profile_cp_and_ep_runs_print_phases_and_attribute_the_axis(tmp_path, ax
     args = [a if a != "tiny" else preset for a in FAST]
     r = run_cli("profile", *args, "--tp", "1", f"--{axis}", "2", "--backend", "gloo", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert f"world 2 = {axis.upper()}2" in r.stdout and f"decode {axis} %" in r.stdout and "TTFT ms" in r.stdout
+    assert f"world 2 = {axis.upper()}2" in r.stdout and f"dec {axis} %" in r.stdout and "TTFT ms" in r.stdout
     m = json.loads((out / "manifest.json").read_text())
     assert m["world"][axis] == 2 and [row[f"{axis}_rank"] for row in m["world"]["layout"]] == [0, 1]
     names = [e.get("name", "") for e in _trace(out / "rank0.trace.json.gz")["traceEvents"]]

@@ -134,9 +134,9 @@ def load_dump(path: Path) -> RankDump:
         try:
             doc = json.loads(data)
         except ValueError as e:
-            raise DumpError(f"{path}: neither a Flight Recorder pickle nor its JSON ({e})") from None
+            raise NotADump(f"{path}: neither a Flight Recorder pickle nor its JSON ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-        raise DumpError(f"{path}: not a Flight Recorder dump (no entries list)")
+        raise NotADump(f"{path}: not a Flight Recorder dump (no entries list)")
     rank = rank_of(path.name)
     if rank is None:
         raise DumpError(f"{path}: no rank in the file name (torch names dumps prefix + rank, e.g. nccl_trace_rank_0)")
@@ -146,8 +146,24 @@ def load_dump(path: Path) -> RankDump:
                     doc.get("pg_status") if isinstance(doc.get("pg_status"), dict) else {})
 
 
-def is_dump_name(name: str) -> bool:
-    return name.endswith(".fr.pkl") or bool(re.search(r"(trace|fr|flight)[\w\-]*?_?\d+(\.pkl|\.json|\.pickle)?$", name))
+class NotADump(DumpError):
+    """A file that holds no Flight Recorder records (not a pickle or JSON of an `entries` list)."""
+
+
+_SIDE = re.compile(r"rank\d+\.(stacks|groups)\.json")  # our own side files beside the dumps
+
+
+def might_be_dump(path: Path) -> bool:
+    """Whether a file's first bytes are a pickle's (protocol 2+) or a JSON object's: a dump is found
+    by what it holds, whatever prefix TORCH_FR_DUMP_TEMP_FILE gave it (torch names it prefix + rank)."""
+    if _SIDE.fullmatch(path.name):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return False
+    return head[:1] == b"\x80" or head.lstrip()[:1] == b"{"
 
 
 def load_dir(directory: Path) -> list[RankDump]:
@@ -158,7 +174,13 @@ def load_dir(directory: Path) -> list[RankDump]:
     except OSError as e:
         raise DumpError(f"{directory}: cannot list ({e.strerror})") from None
     side = {p.name: p for p in names}
-    dumps = [load_dump(p) for p in names if is_dump_name(p.name)]
+    dumps = []
+    for p in names:
+        if might_be_dump(p):
+            try:
+                dumps.append(load_dump(p))
+            except NotADump:
+                continue  # another file beside the dumps (a log, a config): not records
     by_rank: dict[int, RankDump] = {}
     for d in dumps:
         if d.rank in by_rank:
