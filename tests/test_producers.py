@@ -24,10 +24,17 @@ KINDS = ("ddp", "fsdp", "dtensor-tp", "pipeline", "no-dist")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     out = {}
+    job = str(ROOT / "tests" / "training_jobs.py")
     for kind in KINDS:
         d = tmp_path_factory.mktemp(kind)
-        procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "training_jobs.py"), kind, str(r), str(d)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+        if kind == "no-dist":  # two torchrun agents (two "nodes" on 127.0.0.1), one worker each
+            port = _free_port()
+            cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "commprobe-test",
+                     "--local-addr", "127.0.0.1", job, kind, "0", str(d)] for _ in (0, 1)]
+        else:
+            cmds = [[sys.executable, job, kind, str(r), str(d)] for r in (0, 1)]
+        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cmds]
         for p in procs:
             try:
                 log, _ = p.communicate(timeout=180)
@@ -38,6 +45,14 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         (d / "rendezvous").unlink(missing_ok=True)
         out[kind] = d
     return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _raw(d: Path) -> list[dict]:
@@ -95,13 +110,19 @@ def test_pipeline_sends_are_of_no_known_axis(runs):
     assert a["axes_by_category"] == {"other_comm": {"other": p2p}} and p2p > 0
 
 
-def test_workers_without_a_process_group_are_ranked_by_host_and_pid(runs):
+def test_workers_of_a_two_agent_torchrun_without_a_process_group_are_ranked_by_host_and_pid(runs):
+    """Two torchrun agents, one worker each, profiling without torch.distributed: the traces record
+    no rank (torchrun's RANK is only in the environment) and torch names them `<host>_<pid>`. Before,
+    both read as rank 0 and the set was refused; now they are told apart by (host, pid)."""
     raw = _raw(runs["no-dist"])
     assert [r["rank"] for r in raw] == [None, None]  # no distributedInfo: the trace records no rank
     pids = [int(re.match(r"^[^_]+_(\d+)\.", r["file"]).group(1)) for r in raw]
+    workers = {int(p.stem): json.loads(p.read_text()) for p in (runs["no-dist"] / "workers").glob("*.json")}
+    assert sorted(workers) == sorted(pids) and sorted(w["RANK"] for w in workers.values()) == ["0", "1"]
     a = analyze(runs["no-dist"])
     assert a["source"]["rank_rule"] == "(host, pid)"
     assert [r["identity"]["pid"] for r in a["ranks"]] == sorted(pids)
+    assert any("no rank recorded in 2 traces; ranks from (host, pid)" in n for n in a["source"]["reader_notes"])
 
 
 @pytest.mark.parametrize("kind", KINDS)

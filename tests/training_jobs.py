@@ -7,9 +7,9 @@ installed torch, analyzed as a user's trace would be.
 KIND: `ddp` (DistributedDataParallel training: forward, backward, SGD step), `fsdp` (FSDP2
 `fully_shard` training), `dtensor-tp` (DTensor tensor parallelism, `parallelize_module` with
 Colwise/Rowwise plans, inference forwards), `pipeline` (`torch.distributed.pipelining`, two stages,
-GPipe schedule, inference), `no-dist` (no process group at all: a torchrun worker that profiles
-without torch.distributed; its trace records no rank and is named `<host>_<pid>` by
-tensorboard_trace_handler, as torch names it). Every step is a `ProfilerStep#N` (profiler.step()).
+GPipe schedule, inference), `no-dist` (no process group at all: a worker of a two-node torchrun
+(two agents) that profiles without torch.distributed; its trace records no rank and is named
+`<host>_<pid>` by tensorboard_trace_handler, as torch names it). Every step is a `ProfilerStep#N` (profiler.step()).
 """
 
 from __future__ import annotations
@@ -106,6 +106,12 @@ def main() -> None:
     torch.set_num_threads(1)
     if kind != "no-dist":
         dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    else:  # what torchrun told this worker, for the test's truth (the trace itself records no rank)
+        import json
+
+        os.makedirs(f"{out}/workers", exist_ok=True)  # beside the traces, not among them
+        with open(f"{out}/workers/{os.getpid()}.json", "w") as f:
+            json.dump({k: os.environ.get(k) for k in ("RANK", "GROUP_RANK", "LOCAL_RANK")}, f)
     # one wait, one warm-up step, then STEPS recorded: work before the first recorded step is
     # launched outside it, as a real job's is
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=STEPS, repeat=1),
