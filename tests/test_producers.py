@@ -18,7 +18,7 @@ import pytest
 from commprobe.analyzers.analysis import analyze
 from tests.conftest import ROOT
 
-KINDS = ("ddp", "fsdp", "dtensor-tp", "pipeline", "no-dist")
+KINDS = ("ddp", "fsdp", "dtensor-tp", "pipeline", "deepspeed-tp", "no-dist")
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,13 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                      "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "commprobe-test",
                      "--local-addr", "127.0.0.1", job, kind, "0", str(d)] for _ in (0, 1)]
+        elif kind == "deepspeed-tp":
+            why = _deepspeed_missing()
+            if why:
+                out[kind] = why
+                continue
+            port = _free_port()
+            cmds = [[sys.executable, job, kind, str(r), str(d), str(port)] for r in (0, 1)]
         else:
             cmds = [[sys.executable, job, kind, str(r), str(d)] for r in (0, 1)]
         procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cmds]
@@ -45,6 +52,22 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         (d / "rendezvous").unlink(missing_ok=True)
         out[kind] = d
     return out
+
+
+def _deepspeed_missing() -> str | None:
+    """Why DeepSpeed's CPU inference cannot run here (the `peers` extra), else None."""
+    import importlib.util
+
+    for mod in ("deepspeed", "transformers"):  # AutoTP imports transformers
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed (pip install -e '.[peers]')"
+    return None
+
+
+def _run(runs, kind) -> Path:
+    if isinstance(runs[kind], str):
+        pytest.skip(runs[kind])
+    return runs[kind]
 
 
 def _free_port() -> int:
@@ -125,6 +148,19 @@ def test_workers_of_a_two_agent_torchrun_without_a_process_group_are_ranked_by_h
     assert any("no rank recorded in 2 traces; ranks from (host, pid)" in n for n in a["source"]["reader_notes"])
 
 
+def test_deepspeed_inference_tensor_parallel_is_tp(runs):
+    """DeepSpeed's AutoTP reduces with its own op (deepspeed::inference_all_reduce_, a cpu_op): it is
+    the TP allreduce (before: compute, and the phase read 0 % communication)."""
+    d = _run(runs, "deepspeed-tp")
+    raw = _raw(d)
+    calls = _count(raw, ("deepspeed::inference_all_reduce_",))
+    assert calls == 2 * 2 * 3  # two LinearAllreduce layers, three forwards, two ranks
+    a = analyze(d)
+    assert a["axes_by_category"]["tp_allreduce"] == {"tp": calls}
+    assert set(a["axes_by_category"]) <= {"tp_allreduce", "other_comm"}  # init_inference's broadcasts: no axis
+    assert all(r["phases"][ph]["categories"]["tp_allreduce"]["total_us"] > 0 for r in a["ranks"] for ph in r["phases"])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_invariants_hold_on_every_producer(runs, kind):
     import importlib.util
@@ -132,7 +168,7 @@ def test_invariants_hold_on_every_producer(runs, kind):
     spec = importlib.util.spec_from_file_location("invariants", ROOT / "bench" / "invariants.py")
     inv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(inv)
-    a = analyze(runs[kind])
+    a = analyze(_run(runs, kind))
     assert inv.check(a) == []
     # a host timeline: every phase says so, and no verdict rests on device time
     assert all("host timeline only" in " ".join(p["notes"]) for p in a["phases"].values())

@@ -2,12 +2,14 @@
 the first-contact tests (tests/test_producers.py): what each API really records, with the
 installed torch, analyzed as a user's trace would be.
 
-    python tests/training_jobs.py KIND RANK OUT_DIR
+    python tests/training_jobs.py KIND RANK OUT_DIR [PORT]      # PORT: deepspeed-tp's rendezvous
 
 KIND: `ddp` (DistributedDataParallel training: forward, backward, SGD step), `fsdp` (FSDP2
 `fully_shard` training), `dtensor-tp` (DTensor tensor parallelism, `parallelize_module` with
 Colwise/Rowwise plans, inference forwards), `pipeline` (`torch.distributed.pipelining`, two stages,
-GPipe schedule, inference), `no-dist` (no process group at all: a worker of a two-node torchrun
+GPipe schedule, inference), `deepspeed-tp` (DeepSpeed inference, `deepspeed.init_inference` with
+tensor_parallel tp_size 2: AutoTP shards the MLP and reduces with its own shared-memory allreduce;
+needs the `peers` extra), `no-dist` (no process group at all: a worker of a two-node torchrun
 (two agents) that profiles without torch.distributed; its trace records no rank and is named
 `<host>_<pid>` by tensorboard_trace_handler, as torch names it). Every step is a `ProfilerStep#N` (profiler.step()).
 """
@@ -88,6 +90,44 @@ def _pipeline(rank: int, prof) -> None:
             prof.step()
 
 
+class _Block(nn.Module):
+    """An MLP block with the projection names DeepSpeed's AutoTP recognises (down_proj: row-parallel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up_proj, self.down_proj = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return self.down_proj(torch.relu(self.up_proj(x)))
+
+
+class TinyMLPModel(nn.Module):
+    """Two blocks; AutoTP finds its policy only for a class named ...Model (auto_tp.py supported())."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def _deepspeed_tp(rank: int, prof) -> None:
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = TinyMLPModel()
+    engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.float32,
+                                      replace_with_kernel_inject=False)
+    x = torch.randn(16, WIDTH)
+    with torch.no_grad():
+        for _ in range(STEPS):
+            engine(x)
+            prof.step()
+
+
 def _no_dist(rank: int, prof) -> None:
     x = torch.randn(WIDTH, WIDTH)
     for _ in range(STEPS):
@@ -96,7 +136,8 @@ def _no_dist(rank: int, prof) -> None:
         prof.step()
 
 
-JOBS = {"ddp": _ddp, "fsdp": _fsdp, "dtensor-tp": _dtensor_tp, "pipeline": _pipeline, "no-dist": _no_dist}
+JOBS = {"ddp": _ddp, "fsdp": _fsdp, "dtensor-tp": _dtensor_tp, "pipeline": _pipeline, "deepspeed-tp": _deepspeed_tp,
+        "no-dist": _no_dist}
 
 
 def main() -> None:
@@ -104,7 +145,13 @@ def main() -> None:
     rank = int(os.environ.get("RANK", sys.argv[2]))
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    if kind != "no-dist":
+    if kind == "deepspeed-tp":  # DeepSpeed makes the process group; its shm allreduce needs LOCAL_SIZE
+        os.environ.update(DS_ACCELERATOR="cpu", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_SIZE="2",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[4])
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    elif kind != "no-dist":
         dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
     else:  # what torchrun told this worker, for the test's truth (the trace itself records no rank)
         import json
