@@ -17,6 +17,8 @@ UUID = "_00000000_0000_0000_0000_000000000001"
 DDL = {  # the documented columns this reader uses (and a few it does not), in each table
     "rocpd_metadata": "id INTEGER PRIMARY KEY AUTOINCREMENT, tag TEXT NOT NULL, value TEXT NOT NULL",
     "rocpd_string": "id INTEGER PRIMARY KEY AUTOINCREMENT, guid TEXT, string TEXT NOT NULL UNIQUE",
+    "rocpd_info_node": "id INTEGER PRIMARY KEY AUTOINCREMENT, guid TEXT, hash BIGINT, machine_id TEXT, "
+                       "hostname TEXT",
     "rocpd_info_process": "id INTEGER PRIMARY KEY AUTOINCREMENT, guid TEXT, nid INTEGER, ppid INTEGER, "
                           "pid INTEGER NOT NULL, command TEXT, environment JSONB DEFAULT '{}' NOT NULL",
     "rocpd_info_kernel_symbol": "id INTEGER PRIMARY KEY AUTOINCREMENT, guid TEXT, nid INTEGER, pid INTEGER, "
@@ -46,6 +48,8 @@ def write_rocpd(path, rank: int, schema: str = "3") -> None:
         db.execute(f"CREATE VIEW {name} AS SELECT * FROM {name}{UUID}")
     ins = {n: f"{n}{UUID}" for n in DDL}
     db.execute(f"INSERT INTO {ins['rocpd_metadata']} (tag, value) VALUES ('schema_version', ?)", (schema,))
+    db.execute(f"INSERT INTO {ins['rocpd_info_node']} (id, hash, machine_id, hostname) VALUES (1, 7, 'm', ?)",
+               (f"mi300-{rank}",))
     db.execute(f"INSERT INTO {ins['rocpd_info_process']} (id, nid, pid, command, environment) VALUES (1, 1, ?, 'x', ?)",
                (5000 + rank, json.dumps({"RANK": str(rank), "WORLD_SIZE": "2"})))
     strings: dict[str, int] = {}
@@ -107,6 +111,7 @@ def test_a_rocpd_database_analyzes_like_the_same_scenario_in_kineto_json(tmp_pat
     assert _comparable(b) == _comparable(a)
     assert b["axis_provenance"] == {"tp_allreduce": {"inferred": 8}, "ep_all_to_all": {"inferred": 8}}
     assert [r["rank"] for r in b["ranks"]] == [0, 1] and b["kernel_links"]["linked"] == 16
+    assert [r["identity"]["host"] for r in b["ranks"]] == ["mi300-0", "mi300-1"]  # rocpd_info_node.hostname
 
 
 def test_an_unknown_rocpd_schema_is_one_line(tmp_path):

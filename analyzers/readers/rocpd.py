@@ -20,6 +20,7 @@ build one from the documented columns.
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,16 @@ class Database:
                f"{_TIMES}" if "rocpd_memory_copy" in self.tables else "")
             + ") GROUP BY 1, 2 ORDER BY 3, 1, 2").fetchall()
         return [(int(p), int(a)) for p, a, _ in rows]
+
+    def host(self) -> str | None:
+        """The profiled node's host name (rocpd_info_node.hostname, rocprofiler-sdk's rocpd schema), where present."""
+        if "rocpd_info_node" not in self.tables:
+            return None
+        try:
+            row = self.db.execute("SELECT hostname FROM rocpd_info_node LIMIT 1").fetchone()
+        except sqlite3.Error:  # an older schema without the column: the file name may still tell
+            return None
+        return str(row[0])[:253] if row and row[0] else None
 
     def env_rank(self, pid: int) -> int | None:
         if "rocpd_info_process" not in self.tables:
