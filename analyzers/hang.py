@@ -66,22 +66,45 @@ def _main_stack(d: RankDump) -> dict | None:
     return where(main["frames"], innermost_first=False) if main else None
 
 
+def _index(d: RankDump) -> dict:
+    """Per dump, built once: collective entries by group and sequence number, the groups its
+    entries name, and its pg_config by group name. Every group's diagnosis reads them, so a dump
+    of 20,000 groups is diagnosed in one pass over its entries, not one per group."""
+    idx = getattr(d, "_index", None)
+    if idx is None:
+        seqs: dict[str, dict[int, dict]] = {}
+        for e in d.entries:
+            if not e.get("is_p2p") and e["collective_seq_id"] >= 0:
+                seqs.setdefault(e["pg_name"], {})[e["collective_seq_id"]] = e
+        cfg = {}
+        for c in d.pg_config.values():
+            if isinstance(c, dict):
+                cfg.setdefault(str(c.get("name")), c)
+        idx = {"seqs": seqs, "pgs": {e["pg_name"] for e in d.entries}, "cfg": cfg}
+        d._index = idx
+    return idx
+
+
+def _ranks(v) -> list[int]:
+    try:
+        v = json.loads(v) if isinstance(v, str) else v
+    except (ValueError, RecursionError):
+        return []
+    return sorted(int(r) for r in v if isinstance(r, int) and not isinstance(r, bool)) if isinstance(v, list) else []
+
+
 def _members(pg: str, dumps: list[RankDump]) -> tuple[list[int], str | None]:
     for d in dumps:
         g = d.groups.get(pg)
         if g:
-            return sorted(int(r) for r in g["ranks"]), g.get("axis")
+            return _ranks(g["ranks"]), g.get("axis")
     for d in dumps:
-        for cfg in d.pg_config.values():
-            if isinstance(cfg, dict) and str(cfg.get("name")) == pg:
-                ranks = cfg.get("ranks")
-                try:
-                    ranks = json.loads(ranks) if isinstance(ranks, str) else ranks
-                except ValueError:
-                    ranks = None
-                if ranks:
-                    return sorted(int(r) for r in ranks), None
-    return sorted(d.rank for d in dumps if any(e["pg_name"] == pg for e in d.entries)), None
+        cfg = _index(d)["cfg"].get(pg)
+        if cfg is not None:
+            ranks = _ranks(cfg.get("ranks"))
+            if ranks:
+                return ranks, None
+    return sorted(d.rank for d in dumps if pg in _index(d)["pgs"]), None
 
 
 def _completed(e: dict) -> bool:
@@ -89,8 +112,7 @@ def _completed(e: dict) -> bool:
 
 
 def _by_seq(d: RankDump, pg: str) -> dict[int, dict]:
-    return {e["collective_seq_id"]: e for e in d.entries
-            if e["pg_name"] == pg and not e.get("is_p2p") and e["collective_seq_id"] >= 0}
+    return _index(d)["seqs"].get(pg, {})
 
 
 def _stack_of(d: RankDump, entry: dict | None) -> dict | None:

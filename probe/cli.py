@@ -8,6 +8,8 @@ a failed rank is one line and status 1.
 
 from __future__ import annotations
 
+from commprobe.common import jsonout
+
 import os
 import sys
 
@@ -23,7 +25,7 @@ from commprobe.common.errors import InputError
 
 from .cli_bench import bench_app
 from .cli_plan import plan_app
-from .console import check_cores, console, err, fail, say
+from .console import check_cores, console, err, fail, one_line, say
 
 app = typer.Typer(
     add_completion=False,
@@ -141,7 +143,6 @@ def analyze(
     wide: bool = typer.Option(False, "--wide", help="Every category a column, those with no time too."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
-    import json
 
     from commprobe.analyzers.analysis import analyze as run_analysis
     from commprobe.analyzers.cross_rank.rank_map import default_jobs
@@ -151,9 +152,9 @@ def analyze(
     if out_file:
         from pathlib import Path
 
-        Path(out_file).write_text(json.dumps(result, indent=1))
+        Path(out_file).write_text(jsonout.dumps(result))
     if json_out:
-        print(json.dumps(result, indent=1))
+        print(jsonout.dumps(result))
     else:
         from commprobe.reports.terminal import render_analysis
 
@@ -170,7 +171,6 @@ def report(
 ) -> None:
     """One self-contained HTML report (plotly.js embedded) of an analysis, plus the terminal summary;
     two backends or two runs get a comparison page."""
-    import json
     from pathlib import Path
 
     from commprobe.analyzers.analysis import report_inputs
@@ -191,7 +191,7 @@ def report(
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror or e}", code=1)
     if json_out:
-        print(json.dumps(result if result is not None else got["hang"], indent=1))
+        print(jsonout.dumps(result if result is not None else got["hang"]))
         return
     if got["hang"]:
         render_hang(got["hang"], console)
@@ -216,7 +216,6 @@ def gate(
     json_file: str | None = typer.Option(None, "--json", help="Write the JSON result here ('-' for stdout)."),
 ) -> None:
     """CI regression gate: exit 0 pass, 1 regression, 2 unusable input (fails closed)."""
-    import json
     from pathlib import Path
 
     from commprobe.common.units import parse_fraction
@@ -239,11 +238,11 @@ def gate(
         if junit:
             Path(junit).write_text(to_junit(res), encoding="utf-8")
         if json_file and json_file != "-":
-            Path(json_file).write_text(json.dumps(res, indent=1), encoding="utf-8")
+            Path(json_file).write_text(jsonout.dumps(res), encoding="utf-8")
     except OSError as e:
         fail(f"cannot write a gate report: {e.strerror or e}")
     if json_file == "-":
-        print(json.dumps(res, indent=1))
+        print(jsonout.dumps(res))
     else:
         render_gate(res, console)
     raise typer.Exit(res["exit_code"])
@@ -263,7 +262,6 @@ def capture(
     json_out: bool = typer.Option(False, "--json", help="Print the analysis and the capture facts as JSON."),
 ) -> None:
     """Profile a live inference server under a known load, collect every rank's trace into a bundle, analyze it."""
-    import json
     import time
 
     from rich.console import Console
@@ -284,7 +282,7 @@ def capture(
     facts = {"engine": cap.engine, "version": cap.version, "bundle": str(cap.bundle), "files": cap.files,
              **client_summary(cap)}
     if json_out:
-        print(json.dumps({"capture": facts, "analysis": result}, indent=1))
+        print(jsonout.dumps({"capture": facts, "analysis": result}))
         return
     c = facts
     say(f"capture: {c['engine']} {c['version'] or ''}, {c['requests']} requests ({c['failed']} failed), "
@@ -300,14 +298,13 @@ def hang(
     json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (schema commprobe.hang/1)."),
 ) -> None:
     """Why a run hung: which rank, group, collective and sequence number, and where each rank waits."""
-    import json
 
     from commprobe.analyzers.hang import analyze_hang
     from commprobe.reports.terminal import render_hang
 
     result = analyze_hang(path)
     if json_out:
-        print(json.dumps(result, indent=1))
+        print(jsonout.dumps(result))
     else:
         render_hang(result, console)
 
@@ -319,7 +316,6 @@ def compare(
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Two analyses side by side (gloo vs dda, NCCL vs DDA, before vs after), with B/A ratios."""
-    import json
 
     from commprobe.analyzers.analysis import compare as run_compare
     from commprobe.analyzers.analysis import load_result
@@ -327,7 +323,7 @@ def compare(
 
     result = run_compare(load_result(a), load_result(b))
     if json_out:
-        print(json.dumps(result, indent=1))
+        print(jsonout.dumps(result))
     else:
         render_compare(result, console)
 
@@ -336,7 +332,7 @@ def main() -> None:
     try:
         app()
     except InputError as e:  # raised where the input was read, naming it: one line, exit 2
-        err.print(f"commprobe: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"commprobe: error: {one_line(str(e))}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("commprobe: interrupted")

@@ -3,6 +3,8 @@ print its table (reports/terminal.py) or its JSON rows."""
 
 from __future__ import annotations
 
+from commprobe.common import jsonout
+
 import typer
 
 from .console import check_cores, console, err, fail, say
@@ -25,7 +27,6 @@ def bench_collectives(
     oversubscribe: bool = typer.Option(False, help="Allow more ranks than CPU cores."),
 ) -> None:
     """nccl-tests-style sweep: time per call, algbw and busbw per size, backends interleaved."""
-    import json
     import tempfile
     from pathlib import Path
 
@@ -65,7 +66,7 @@ def bench_collectives(
     for b, why in res["skipped"].items():
         say(f"commprobe: backend {b} skipped: {why}", to_err=True)
     if json_out:
-        print(json.dumps(res["rows"], indent=1))
+        print(jsonout.dumps(res["rows"]))
     else:
         render_sweep(res, ops, world, dtype, batches, console)
 
@@ -82,7 +83,6 @@ def bench_time_sharing(
     timeout: float = typer.Option(1800.0, help="Seconds before the benchmark is called hung."),
 ) -> None:
     """What ranks beyond the cores cost per collective call, beyond ranks/cores (for `plan calibrate`)."""
-    import json
     import tempfile
     from pathlib import Path
 
@@ -106,6 +106,6 @@ def bench_time_sharing(
     except LaunchError as e:
         fail(str(e), code=1)
     if json_out:
-        print(json.dumps(rows, indent=1))
+        print(jsonout.dumps(rows))
     else:
         render_time_sharing(rows, world, cfg.cores, backend, size, rounds, console)

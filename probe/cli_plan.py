@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from commprobe.common import jsonout
+
 import typer
 
 from .console import console, fail, say
@@ -32,7 +34,6 @@ def plan(
     """Predict TTFT, TTIT, tokens/s and exposed communication for a layout on given hardware."""
     if ctx.invoked_subcommand is not None:
         return
-    import json
 
     from commprobe.plan.request import PlanRequest, plan_doc
     from commprobe.reports.plan import render_prediction, render_whatif
@@ -46,7 +47,7 @@ def plan(
     except ValueError as e:
         fail(str(e))
     if json_out:
-        print(json.dumps(plan_doc(hw, model, base, rows, skipped), indent=1))
+        print(jsonout.dumps(plan_doc(hw, model, base, rows, skipped)))
         return
     render_prediction(base, f"{model} on {hw.name}: TP{tp} CP{cp} EP{ep}, batch {batch}, prompt {prompt_len}", console)
     if what_if:

@@ -7,6 +7,8 @@ from typing import NoReturn
 
 import typer
 
+from commprobe.common.errors import one_line
+
 
 class _LazyConsole:
     """rich's Console, made on first use: importing rich costs ~30-50 ms that a `--json` run
@@ -42,7 +44,7 @@ err = _LazyConsole(stderr=True)
 
 
 def fail(msg: str, code: int = 2) -> NoReturn:
-    err.print(f"commprobe: error: {msg}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"commprobe: error: {one_line(str(msg))}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -237,10 +237,16 @@ def test_bad_rpd_and_rocprofv3_files_are_one_line(rpd_plain, rocprof_doc, tmp_pa
     db.commit()
     db.close()
     _one_line_exit_2(other, "tried: Nsight Systems export, rocprofv3 rocpd database, RPD file")
-    # the tool key, a section missing
+    # the tool key, a section missing: what stands is read (the GPU indexes are unknown), and said
     proc = {k: v for k, v in rocprof_doc["rocprofiler-sdk-tool"][0].items() if k != "agents"}
     (tmp_path / "noagents.json").write_text(json.dumps({"rocprofiler-sdk-tool": [proc]}))
-    _one_line_exit_2(tmp_path / "noagents.json", "missing required field `agents`")
+    a = analyze(tmp_path / "noagents.json")
+    assert "noagents.json: no readable agents section" in a["source"]["reader_notes"]
+    assert a["ranks"][0]["device_work"]["kernel"]["n"] == 43915
+    # a process without its metadata (pid) is refused in one line
+    proc = {k: v for k, v in rocprof_doc["rocprofiler-sdk-tool"][0].items() if k != "metadata"}
+    (tmp_path / "nometa.json").write_text(json.dumps({"rocprofiler-sdk-tool": [proc]}))
+    _one_line_exit_2(tmp_path / "nometa.json", "lacks its metadata")
 
 
 @needs_shared

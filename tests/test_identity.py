@@ -38,6 +38,9 @@ def test_rules_in_order():
     # uneven devices per host: consecutive in (host, device) order
     dev = [_ev("b.sqlite", host="b", device=0), _ev("a.sqlite", host="a", device=1), _ev("a2.sqlite", host="a", device=0)]
     assert assign(dev).ranks == [2, 1, 0]
+    # one process driving two GPU agents whose ids are no device index (rocprofv3): two parts, not a repeat
+    agents = [_ev("p_results.json", pid=908, part=0), _ev("p_results.json", pid=908, part=1)]
+    assert (assign(agents).ranks, assign(agents).rule) == ([0, 1], "(host, pid)")
     nothing = [_ev("x.json"), _ev("y.json")]
     assert (assign(nothing).ranks, assign(nothing).rule) == ([0, 1], "the order of first work")
     assert assign([_ev("w1.json"), _ev("w2.json")], rank_from=r"w(\d)").ranks == [1, 2]

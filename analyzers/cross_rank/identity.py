@@ -85,7 +85,11 @@ def assign(evs: list[dict], rank_from: str | None = None) -> Assignment:
         _refuse_twice(ranks, files, RANK_FROM, "the pattern gives two files one rank")
         return Assignment(ranks, RANK_FROM, [])
     own = [e.get("own") for e in evs]
-    if None not in own:
+    # a process's own rank names the process: where it drove several devices, its parts share it and
+    # it tells them apart no more than the process id does (the next rules do)
+    shared_by_parts = len({(e["file"], e.get("pid"), o) for e, o in zip(evs, own)}) < len({(e["file"], e.get("pid"), e.get("part"))
+                                                                                          for e in evs})
+    if None not in own and not shared_by_parts:
         _refuse_twice(own, files, OWN, "one process profiled twice, or two jobs in one directory: analyze them apart")
         return Assignment(own, OWN, [])
     named = [e.get("name_rank") for e in evs]
@@ -96,10 +100,13 @@ def assign(evs: list[dict], rank_from: str | None = None) -> Assignment:
     if None not in devices and _distinct(list(zip(hosts, devices))):
         return Assignment(_by_host(hosts, devices), HOST_DEVICE, _guess_note(evs, HOST_DEVICE, hosts))
     pids = [e.get("pid") for e in evs]
-    if None not in pids and _distinct(list(zip(hosts, pids))):
+    # a process's parts (one per device it drove) differ by device, else by their place in its file;
+    # two files of one process repeat both
+    within = [d if d is not None else ("part", e.get("part", 0)) for d, e in zip(devices, evs)]
+    if None not in pids and _distinct(list(zip(hosts, pids, within))):
         order = sorted(range(n), key=lambda i: (hosts[i], pids[i], evs[i].get("part", 0)))
         return Assignment(_positions(order), HOST_PID, _guess_note(evs, HOST_PID, hosts))
-    same = _duplicate([(h, p, d) if p is not None else None for h, p, d in zip(hosts, pids, devices)], files)
+    same = _duplicate([(h, p, w) if p is not None else None for h, p, w in zip(hosts, pids, within)], files)
     if same:
         raise TraceError(f"two traces of one process ({same[0]} and {same[1]}): one process profiled twice; analyze "
                          f"them apart ({HINT})")

@@ -96,26 +96,113 @@ def rank_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _as_int(v, default: int = -1) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
+MAX_ENTRIES = 1 << 20  # torch's ring buffer holds TORCH_FR_BUFFER_SIZE entries (2,000 by default)
+MAX_GROUPS = 1 << 17
+MAX_FRAMES = 512
+MAX_TEXT = 4096
+_NS = (0, (1 << 63) - 1)  # a time in ns: what fits int64
+
+
+def _as_int(v, default: int = -1, lo: int = -(1 << 62), hi: int = 1 << 62) -> int:
+    """An integer within [lo, hi] (a bool, a float that is not finite, text or a number beyond the
+    range gives `default`): the checked boundary for every number of a dump."""
+    if isinstance(v, bool):
         return default
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return default
+        v = int(v)
+    elif isinstance(v, str) and len(v) <= 20:
+        try:
+            v = int(v)
+        except ValueError:
+            return default
+    return v if isinstance(v, int) and lo <= v <= hi else default
+
+
+def _text(v, default: str = "") -> str:
+    return v[:MAX_TEXT] if isinstance(v, str) else default
+
+
+def _time(v) -> int | None:
+    t = _as_int(v, -1, *_NS)
+    return t if t >= 0 else None
+
+
+def _frames(v) -> list[dict]:
+    """Frames as {name, filename, line} of the right types; anything else dropped."""
+    out = []
+    for f in v[:MAX_FRAMES] if isinstance(v, list) else []:
+        if isinstance(f, dict):
+            out.append({"name": _text(f.get("name")), "filename": _text(f.get("filename") or f.get("file")),
+                        "line": _as_int(f.get("line", f.get("lineno")), 0, 0, 1 << 31)})
+    return out
+
+
+def _sizes(v) -> list:
+    return [[_as_int(x, -1, 0, 1 << 62) for x in s[:16]] if isinstance(s, list) else [] for s in v[:64]] \
+        if isinstance(v, list) else []
 
 
 def _normal(entry: dict) -> dict:
-    e = dict(entry)
-    for k in ("collective_seq_id", "p2p_seq_id", "pg_id", "record_id"):
-        e[k] = _as_int(e.get(k))
-    pg = e.get("process_group")
-    e["pg_name"] = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id", ""))
-    e["pg_desc"] = str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else ""
-    name = str(e.get("profiling_name") or "")
-    e["op"] = name.split(":", 1)[1] if ":" in name else name
+    """One entry with every field the diagnosis reads, each of its expected type (a field of the
+    wrong type reads as absent): the dump's checked boundary."""
+    pg = entry.get("process_group")
+    name = _text(entry.get("profiling_name"))
+    e = {k: _as_int(entry.get(k)) for k in ("collective_seq_id", "p2p_seq_id", "pg_id", "record_id", "op_id")}
+    e.update(pg_name=_text(pg[0]) if isinstance(pg, (list, tuple)) and pg and isinstance(pg[0], str)
+             else str(e["pg_id"]),
+             pg_desc=_text(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else "",
+             profiling_name=name, op=name.split(":", 1)[1] if ":" in name else name,
+             state=_text(entry.get("state")), retired=entry.get("retired") is True, is_p2p=entry.get("is_p2p") is True,
+             frames=_frames(entry.get("frames")), input_sizes=_sizes(entry.get("input_sizes")),
+             output_sizes=_sizes(entry.get("output_sizes")),
+             time_created_ns=_time(entry.get("time_created_ns")),
+             time_discovered_started_ns=_time(entry.get("time_discovered_started_ns")),
+             time_discovered_completed_ns=_time(entry.get("time_discovered_completed_ns")),
+             timeout_ms=_as_int(entry.get("timeout_ms")))
     for k in ("input_dtypes", "output_dtypes"):
-        if isinstance(e.get(k), str):
-            e[k] = [e[k]]
+        v = entry.get(k)
+        e[k] = [v[:64]] if isinstance(v, str) else [_text(x) for x in v[:64]] if isinstance(v, list) else []
     return e
+
+
+def _groups(v) -> dict:
+    """pg_config as {name: {name, desc, ranks}} of the right types, at most MAX_GROUPS."""
+    if not isinstance(v, dict):
+        return {}
+    if len(v) > MAX_GROUPS:
+        raise DumpError(f"{len(v)} process groups in one dump (limit {MAX_GROUPS})")
+    out = {}
+    for k, g in v.items():
+        if isinstance(g, dict):
+            ranks = g.get("ranks")
+            out[str(k)[:MAX_TEXT]] = {"name": _text(g.get("name"), str(k)[:MAX_TEXT]), "desc": _text(g.get("desc")),
+                                      "ranks": ranks[:1 << 20] if isinstance(ranks, str)
+                                      else [r for r in ranks[:1 << 20] if _as_int(r, -1, 0, 1 << 31) >= 0]
+                                      if isinstance(ranks, list) else []}
+    return out
+
+
+def stacks_of(doc) -> list[dict]:
+    """A side file's stacks as [{thread, main, frames}] of the right types."""
+    out = []
+    for st in doc[:4096] if isinstance(doc, list) else []:
+        if isinstance(st, dict):
+            out.append({"thread": _text(st.get("thread")), "main": st.get("main") is True,
+                        "frames": [{"file": f["filename"], "line": f["line"], "name": f["name"]}
+                                   for f in _frames(st.get("frames"))]})
+    return out
+
+
+def groups_of(doc) -> dict:
+    """A side file's groups as {pg: {axis, ranks}} of the right types."""
+    out = {}
+    for k, g in (doc.items() if isinstance(doc, dict) else ()):
+        if isinstance(g, dict) and isinstance(g.get("ranks"), list):
+            out[str(k)[:MAX_TEXT]] = {"axis": g["axis"] if isinstance(g.get("axis"), str) else None,
+                                      "ranks": [r for r in g["ranks"] if _as_int(r, -1, 0, 1 << 31) >= 0]}
+    return out
 
 
 def load_dump(path: Path) -> RankDump:
@@ -133,17 +220,36 @@ def load_dump(path: Path) -> RankDump:
     else:
         try:
             doc = json.loads(data)
-        except ValueError as e:
-            raise NotADump(f"{path}: neither a Flight Recorder pickle nor its JSON ({e})") from None
+        except RecursionError:
+            raise DumpError(f"{path}: JSON nested too deeply for a Flight Recorder dump") from None
+        except ValueError as e:  # invalid JSON, or an integer of thousands of digits
+            raise NotADump(f"{path}: neither a Flight Recorder pickle nor its JSON ({str(e)[:120]})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise NotADump(f"{path}: not a Flight Recorder dump (no entries list)")
     rank = rank_of(path.name)
     if rank is None:
         raise DumpError(f"{path}: no rank in the file name (torch names dumps prefix + rank, e.g. nccl_trace_rank_0)")
+    if len(doc["entries"]) > MAX_ENTRIES:
+        raise DumpError(f"{path}: {len(doc['entries'])} entries (limit {MAX_ENTRIES}): not a Flight Recorder ring buffer")
     entries = [_normal(e) for e in doc["entries"] if isinstance(e, dict)]
-    return RankDump(rank, str(path), str(doc.get("version", "")), entries,
-                    doc.get("pg_config") if isinstance(doc.get("pg_config"), dict) else {},
+    try:
+        groups = _groups(doc.get("pg_config"))
+    except DumpError as e:
+        raise DumpError(f"{path}: {e}") from None
+    return RankDump(rank, str(path), _text(doc.get("version"))[:40], entries, groups,
                     doc.get("pg_status") if isinstance(doc.get("pg_status"), dict) else {})
+
+
+def _side(p: Path) -> dict | None:
+    """One of our side files (rankN.stacks.json, rankN.groups.json) as a dict, or None where it is
+    cut short, too deep, too large or not an object."""
+    try:
+        if p.stat().st_size > MAX_DUMP_BYTES:
+            return None
+        doc = json.loads(p.read_text(errors="replace"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class NotADump(DumpError):
@@ -190,22 +296,20 @@ def load_dir(directory: Path) -> list[RankDump]:
     for r, d in by_rank.items():
         for key, attr in ((f"rank{r}.stacks.json", "stacks"), (f"rank{r}.groups.json", "groups")):
             if key in side:
-                try:
-                    doc = json.loads(side[key].read_text())
-                    setattr(d, attr, doc.get(attr) or getattr(d, attr))
-                    if attr == "stacks":
-                        d.job = str(doc.get("job") or "") or None
-                        d.error = doc.get("error")
-                except (OSError, ValueError, AttributeError):
-                    pass  # a side file cut short: the records still stand
+                doc = _side(side[key])
+                if not doc:
+                    continue  # a side file cut short or of the wrong shape: the records still stand
+                setattr(d, attr, (stacks_of if attr == "stacks" else groups_of)(doc.get(attr)) or getattr(d, attr))
+                if attr == "stacks":
+                    d.job = _text(doc.get("job")) or None
+                    d.error = _text(doc.get("error")) or None
     # ranks that died without a dump still have stacks (the exception handler) and groups
     for key, p in side.items():
         m = re.fullmatch(r"rank(\d+)\.stacks\.json", key)
-        if m and int(m.group(1)) not in by_rank:
-            try:
-                doc = json.loads(p.read_text())
-            except (OSError, ValueError):
+        if m and len(m.group(1)) < 10 and int(m.group(1)) not in by_rank:
+            doc = _side(p)
+            if not doc:
                 continue
-            by_rank[int(m.group(1))] = RankDump(int(m.group(1)), str(p), "", [], {}, {}, doc.get("stacks") or [],
-                                                records=False, error=doc.get("error"))
+            by_rank[int(m.group(1))] = RankDump(int(m.group(1)), str(p), "", [], {}, {}, stacks_of(doc.get("stacks")),
+                                                records=False, error=_text(doc.get("error")) or None)
     return [by_rank[r] for r in sorted(by_rank)]

@@ -30,7 +30,7 @@ import numpy as np
 
 from .model import TraceError, codes, factorize
 from .parts import Source, assemble, each_part_of
-from .sqlite_export import lookup, open_readonly, query, tables
+from .sqlite_export import INT64, int_pairs, lookup, open_readonly, query, tables
 
 KNOWN_MAJORS = (2, 3)
 _PID = "((globalPid >> 24) & 16777215)"  # Serialized GlobalId: bits 24-39 are the process id
@@ -112,7 +112,7 @@ class Export:
         if not rows and "CUPTI_ACTIVITY_KIND_RUNTIME" in self.tables:  # CUDA calls, no device work recorded
             rows = self.db.execute(f"SELECT {_TPID}, -1, min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1 "
                                    "ORDER BY 3").fetchall()
-        return [(int(p), int(d)) for p, d, _ in rows]
+        return int_pairs(rows, 2)  # a NULL or text pid/device names no part
 
     def thread_rank(self, pid: int) -> int | None:
         """A rank from the process's thread names ("MPI Rank 3", NVTX-named threads), else None."""
@@ -133,8 +133,8 @@ class Export:
     def origin_ns(self) -> int:
         if "TARGET_INFO_SESSION_START_TIME" in self.tables:
             row = self.db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
-            if row and row[0] is not None:
-                return int(row[0])
+            if row and type(row[0]) is int and 0 <= row[0] < INT64[1]:
+                return row[0]
         return 0
 
 
@@ -191,6 +191,8 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
             f"SELECT n.start, n.end, n.globalTid, coalesce(n.text, s.value, '') FROM NVTX_EVENTS n "
             f"LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType IN ({','.join(map(str, NVTX_RANGES))}) "
             f"AND n.end IS NOT NULL AND ((n.globalTid >> 24) & 16777215) = ?", (pid,)).fetchall()
+        lo, hi = INT64
+        rows = [r for r in rows if all(type(v) is int and lo <= v <= hi for v in r[:3])]  # checked, as query() does
         if rows:
             starts, ends, tids, texts = zip(*rows)
             code, names = factorize(list(texts))

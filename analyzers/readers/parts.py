@@ -16,6 +16,7 @@ import numpy as np
 from .limits import BYTES_PER_EVENT, max_events
 from .model import Trace, TraceError, codes, evidence, rank_in_name
 from .native import Refused
+from .sqlite_export import skipped_rows
 
 
 def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | None,
@@ -59,6 +60,9 @@ def each_part(path: Path, parts: list[tuple[int, int]], unit: str, own_rank: Cal
         own = own_rank(pid)
         rank, rule = rank_for(path, i, rank_from, own, idx[i])
         t = load(pid, dev, rank, pid not in seen, label)
+        for table, n in skipped_rows(path).items():  # the checked boundary's count (sqlite_export.query)
+            t.extra.setdefault("notes", []).append(f"{path.name}: {n} row(s) of {table} skipped: a value that is "
+                                                   f"not an integer (NULL, text, real or out of range)")
         t.extra["rank_rule"] = rule
         t.extra["identity"] = evidence(path.name, own, "the process's own record" if own is not None else None,
                                        host=host, pid=pid, device=devices[i], part=i)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .model import TraceError, codes
 from .parts import Source, assemble, each_part_of
-from .sqlite_export import lookup, open_readonly, query, schema_version, tables
+from .sqlite_export import int_pairs, lookup, open_readonly, query, schema_version, tables
 
 KNOWN_SCHEMAS = ("3",)
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -66,7 +66,7 @@ class Database:
             + (f" UNION ALL SELECT T.pid, coalesce(T.agent_id, X.dst_agent_id, -1), DS.value FROM rocpd_memory_copy X "
                f"{_TIMES}" if "rocpd_memory_copy" in self.tables else "")
             + ") GROUP BY 1, 2 ORDER BY 3, 1, 2").fetchall()
-        return [(int(p), int(a)) for p, a, _ in rows]
+        return int_pairs(rows, 2)  # a NULL or text pid/agent names no part
 
     def host(self) -> str | None:
         """The profiled node's host name (rocpd_info_node.hostname, rocprofiler-sdk's rocpd schema), where present."""

@@ -135,20 +135,82 @@ class _Doc(msgspec.Struct):
     tool: list[_Process] = msgspec.field(name=TOOL_KEY)
 
 
-def _decode(path: Path) -> tuple[_Doc, int]:
+def _decode(path: Path) -> tuple[_Doc, int, dict[str, int]]:
     data = read_bytes(path)
     try:
-        return msgspec.json.decode(data, type=_Doc), len(data)
-    except msgspec.ValidationError as e:
-        raise TraceError(f"{path}: a rocprofv3 JSON file that lacks what is read here ({e})") from None
+        return msgspec.json.decode(data, type=_Doc), len(data), {}
+    except RecursionError:
+        raise TraceError(f"{path}: JSON nested too deeply to read") from None
+    except msgspec.ValidationError:
+        pass  # some record is not as rocprofv3 writes it: read the file record by record
     except msgspec.DecodeError as e:
         raise TraceError(f"{path}: not valid JSON ({e})") from None
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise TraceError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise TraceError(f"{path}: JSON nested too deeply to read") from None
+    doc, skipped = _lenient(path, raw)
+    return doc, len(data), skipped
+
+
+_RECORD_TYPES = {"kernel_dispatch": _Dispatch, "memory_copy": _Copy, "hip_api": _Api, "hsa_api": _Api, "rccl_api": _Api,
+                 "marker_api": _Api}
+
+
+def _lenient(path: Path, raw) -> tuple[_Doc, dict[str, int]]:
+    """The checked boundary for a file whose typed decode failed: each process's parts and each
+    record converted on its own; a record of the wrong shape (a string for a timestamp, a missing
+    field, an integer beyond int64) is skipped and counted per list, so the rest still stands. A
+    process without what every part needs (its pid, agents, strings, symbols) is refused."""
+    procs = raw.get(TOOL_KEY) if isinstance(raw, dict) else None
+    if not isinstance(procs, list):
+        raise TraceError(f"{path}: a rocprofv3 JSON file without its {TOOL_KEY} list of processes")
+    skipped: dict[str, int] = {}
+
+    def each(items, typ, where: str) -> list:
+        out = []
+        for x in items if isinstance(items, list) else []:
+            try:
+                out.append(msgspec.convert(x, type=typ))
+            except (msgspec.ValidationError, TypeError, ValueError, OverflowError):
+                skipped[where] = skipped.get(where, 0) + 1
+        if not isinstance(items, list):  # the whole section missing, or not a list
+            skipped[f"{where} section"] = 1
+        return out
+
+    out = []
+    for i, pr in enumerate(procs):
+        if not isinstance(pr, dict):
+            skipped["processes"] = skipped.get("processes", 0) + 1
+            continue
+        try:
+            meta = msgspec.convert(pr.get("metadata"), type=_Metadata)
+        except (msgspec.ValidationError, TypeError, ValueError, OverflowError) as e:
+            raise TraceError(f"{path}: process {i} of the rocprofv3 JSON lacks its metadata ({e})") from None
+        st = pr.get("strings") if isinstance(pr.get("strings"), dict) else {}
+        names = []
+        for n in st.get("buffer_records") if isinstance(st.get("buffer_records"), list) else []:
+            n = n if isinstance(n, dict) else {}
+            ops = n.get("operations") if isinstance(n.get("operations"), list) else []
+            # a name of the wrong type is named by its place, as an id missing from the table is
+            names.append(_Names(n["kind"] if isinstance(n.get("kind"), str) else "",
+                                [o if isinstance(o, str) else f"[operation {j}]" for j, o in enumerate(ops)]))
+        strings = _Strings(names, each(st.get("marker_api"), _Message, "strings.marker_api"))
+        br = pr.get("buffer_records") if isinstance(pr.get("buffer_records"), dict) else {}
+        records = _Records(**{name: each(br.get(name), typ, name) for name, typ in _RECORD_TYPES.items() if name in br})
+        out.append(_Process(meta, each(pr.get("agents"), _Agent, "agents"), strings,
+                            each(pr.get("kernel_symbols"), _Symbol, "kernel_symbols"), records))
+    return _Doc(out), skipped
 
 
 def load_json(path: str | Path, rank_from: str | None = None):
     """One Trace per (process, GPU agent) of a rocprofv3 JSON file, one at a time."""
     path = Path(path)
-    doc, nbytes = _decode(path)
+    doc, nbytes, skipped = _decode(path)
+    notes = [f"{path.name}: no readable {where[:-8]} section" if where.endswith(" section") else
+             f"{path.name}: {n} {where} record(s) skipped: not as rocprofv3 writes them" for where, n in skipped.items()]
     procs = {p.metadata.pid: _Columns(p) for p in doc.tool}
     del doc  # the records live on as columns only
     parts = []
@@ -159,8 +221,10 @@ def load_json(path: str | Path, rank_from: str | None = None):
     if not parts:
         raise TraceError(f"{path}: a rocprofv3 JSON file without kernel dispatches or memory copies")
     parts = [(pid, h) for _, pid, h in sorted(parts)]
-    yield from each_part(path, parts, "process={},agent={}", lambda pid: None, rank_from,
-                         lambda pid, agent, rank, first, label: procs[pid].part(agent, first, rank, label, nbytes))
+    for t in each_part(path, parts, "process={},agent={}", lambda pid: None, rank_from,
+                       lambda pid, agent, rank, first, label: procs[pid].part(agent, first, rank, label, nbytes)):
+        t.extra.setdefault("notes", []).extend(notes)
+        yield t
 
 
 class _Columns:
@@ -246,4 +310,11 @@ _OPS = 1 << 16  # kind * _OPS + operation: one integer per (kind, operation) nam
 
 
 def _array(rows: list[tuple], ncols: int) -> np.ndarray:
-    return np.array(rows, np.int64).reshape(len(rows), ncols)
+    """Records as int64 columns; a record with a value beyond int64 (msgspec's int admits uint64) is
+    left out: the checked boundary's last word on numbers."""
+    try:
+        return np.array(rows, np.int64).reshape(len(rows), ncols)
+    except OverflowError:
+        lo, hi = -(1 << 63), (1 << 63) - 1
+        good = [r for r in rows if all(lo <= v <= hi for v in r)]
+        return np.array(good, np.int64).reshape(len(good), ncols)

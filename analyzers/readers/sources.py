@@ -106,14 +106,20 @@ def _gunzip(file: Path, into: Path) -> Path:
 def _sqlite(file: Path, rank_from: str | None, shown: Path | None = None) -> Iterator[Trace]:
     """An Nsight Systems export, a rocprofv3 rocpd database or an RPD file, told apart by their
     tables. `shown`: the name the user gave (a .gz the database was inflated from)."""
-    from . import nsys, rocpd, rpd
-    from .sqlite_export import open_readonly, tables
+    from .sqlite_export import boundary, open_readonly, tables
 
     db = open_readonly(file)
     try:
         tabs = tables(db, file)
     finally:
         db.close()
+    with boundary(shown or file):
+        yield from _sqlite_format(file, tabs, rank_from, shown)
+
+
+def _sqlite_format(file: Path, tabs: set[str], rank_from: str | None, shown: Path | None) -> Iterator[Trace]:
+    from . import nsys, rocpd, rpd
+
     if rocpd.is_rocpd(tabs):
         load = rocpd.load_databases
     elif rpd.is_rpd(tabs):

@@ -1,10 +1,19 @@
 """What the SQLite readers share (nsys.py: Nsight Systems exports; rocpd.py: rocprofv3's rocpd;
 rpd.py: rocmProfileData's RPD): opening a database read-only with one-line errors, and integer
-queries into numpy a batch at a time."""
+queries into numpy a batch at a time.
+
+This is the SQLite formats' checked boundary: text that is not UTF-8 is decoded with replacement
+(never an error at fetch time); an integer query's rows whose values are not integers in int64's
+range (NULL, text, a real, 1e300) are skipped and counted per table (`skipped_rows`, said in the
+result's reader notes), never a TypeError in numpy; and every sqlite3 error of a reader's walk
+(a missing table, a view to nowhere, a malformed page) becomes one TraceError line naming the
+file (`boundary`)."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
+from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 
@@ -13,6 +22,8 @@ import numpy as np
 from .model import TraceError
 
 BATCH = 1 << 16
+INT64 = (-(1 << 63), (1 << 63) - 1)
+_skipped: dict[str, dict[str, int]] = {}  # database path -> table -> rows skipped by query()
 
 
 def why(e: Exception) -> str:
@@ -31,8 +42,12 @@ def open_readonly(path: Path) -> sqlite3.Connection:
     for flags in ("mode=ro", "mode=ro&immutable=1"):
         try:
             db = sqlite3.connect(f"file:{path.resolve()}?{flags}", uri=True, timeout=1.0)
+            db.text_factory = _text
             db.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return db
+        except UnicodeDecodeError:  # a corrupt schema page: sqlite's own message is not UTF-8
+            raise TraceError(f"{path}: not a readable SQLite database (truncated or corrupt: its schema is not "
+                             f"readable text)") from None
         except sqlite3.DatabaseError as e:  # OperationalError included
             last = e
             if "unable to open" not in str(e):
@@ -40,12 +55,41 @@ def open_readonly(path: Path) -> sqlite3.Connection:
     raise TraceError(f"{path}: {why(last)}")
 
 
+def _text(raw: bytes) -> str:
+    """TEXT as str, whatever its bytes (sqlite3's default raises on invalid UTF-8 mid-query)."""
+    return raw.decode("utf-8", "replace")
+
+
+@contextmanager
+def boundary(path: Path):
+    """A reader's walk over one database: any sqlite3 error, wherever a query happens to run, is
+    one line naming the file; a value of a type no reader expected (a NULL or text where a number
+    belongs, outside the checked integer queries) is one line too."""
+    try:
+        yield
+    except TraceError:
+        raise
+    except sqlite3.Error as e:
+        raise TraceError(f"{path}: {why(e)}") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TraceError(f"{path}: a value of the wrong type or out of range ({type(e).__name__}: "
+                         f"{str(e)[:120]})") from None
+
+
+def skipped_rows(path: Path) -> dict[str, int]:
+    """Rows `query` skipped in this database, per table (and forgets them)."""
+    return _skipped.pop(str(path), {})
+
+
 def tables(db: sqlite3.Connection, path: Path) -> set[str]:
     """Tables and views (rocpd's unsuffixed names are views over uuid-suffixed tables)."""
     try:
-        return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        return {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
     except sqlite3.DatabaseError as e:
         raise TraceError(f"{path}: {why(e)}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a readable SQLite database (truncated or corrupt: its schema is not "
+                         f"readable text)") from None
 
 
 def schema_version(db: sqlite3.Connection, names: set[str]) -> str | None:
@@ -53,7 +97,7 @@ def schema_version(db: sqlite3.Connection, names: set[str]) -> str | None:
     RPD files both), or None."""
     row = (db.execute("SELECT value FROM rocpd_metadata WHERE tag = 'schema_version'").fetchone()
            if "rocpd_metadata" in names else None)
-    return str(row[0]) if row else None
+    return str(row[0])[:40] if row and row[0] is not None else None
 
 
 def query(db: sqlite3.Connection, path: Path, sql: str, args: tuple = (), ncols: int = 0) -> np.ndarray:
@@ -63,10 +107,35 @@ def query(db: sqlite3.Connection, path: Path, sql: str, args: tuple = (), ncols:
         cur = db.execute(sql, args)
         parts = []
         while rows := cur.fetchmany(BATCH):  # the ints go straight into the array, no list of tuples kept
-            parts.append(np.fromiter(chain.from_iterable(rows), np.int64, len(rows) * ncols).reshape(len(rows), ncols))
+            try:
+                parts.append(np.fromiter(chain.from_iterable(rows), np.int64, len(rows) * ncols).reshape(len(rows), ncols))
+            except (TypeError, ValueError, OverflowError):  # a NULL, text, real or huge value: rows checked one by one
+                parts.append(_checked_rows(rows, ncols, path, sql))
     except sqlite3.DatabaseError as e:
         raise TraceError(f"{path}: {why(e)}") from None
     return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros((0, ncols), np.int64)
+
+
+_FROM = re.compile(r"\bFROM\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+
+
+def _checked_rows(rows: list[tuple], ncols: int, path: Path, sql: str) -> np.ndarray:
+    """The rows whose every value is an integer in int64's range; the others skipped, counted under
+    the query's first table."""
+    lo, hi = INT64
+    good = [r for r in rows if len(r) == ncols and all(type(v) is int and lo <= v <= hi for v in r)]
+    if len(good) < len(rows):
+        m = _FROM.search(sql)
+        table = m.group(1) if m else "a table"
+        per = _skipped.setdefault(str(path), {})
+        per[table] = per.get(table, 0) + len(rows) - len(good)
+    return np.array(good, np.int64).reshape(len(good), ncols)
+
+
+def int_pairs(rows: list[tuple], n: int) -> list[tuple[int, ...]]:
+    """The first `n` values of each row where all are integers in int64's range (the others left out)."""
+    lo, hi = INT64
+    return [tuple(r[:n]) for r in rows if all(type(v) is int and lo <= v <= hi for v in r[:n])]
 
 
 def lookup(db: sqlite3.Connection, sql: str, ids) -> dict[int, object]:
