@@ -44,6 +44,15 @@ def _train(model: nn.Module, prof) -> None:
         prof.step()
 
 
+def _infer(model, prof) -> None:
+    """STEPS inference forwards, one profiler step each."""
+    x = torch.randn(16, WIDTH)
+    with torch.no_grad():
+        for _ in range(STEPS):
+            model(x)
+            prof.step()
+
+
 def _ddp(rank: int, prof) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -68,12 +77,7 @@ def _dtensor_tp(rank: int, prof) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    model = parallelize_module(_mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    x = torch.randn(16, WIDTH)
-    with torch.no_grad():
-        for _ in range(STEPS):
-            model(x)
-            prof.step()
+    _infer(parallelize_module(_mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}), prof)
 
 
 def _pipeline(rank: int, prof) -> None:
@@ -119,13 +123,8 @@ def _deepspeed_tp(rank: int, prof) -> None:
 
     torch.manual_seed(0)
     model = TinyMLPModel()
-    engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.float32,
-                                      replace_with_kernel_inject=False)
-    x = torch.randn(16, WIDTH)
-    with torch.no_grad():
-        for _ in range(STEPS):
-            engine(x)
-            prof.step()
+    _infer(deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.float32,
+                                    replace_with_kernel_inject=False), prof)
 
 
 def _no_dist(rank: int, prof) -> None:

@@ -23,6 +23,7 @@ Two traces of one process of one job (same host, pid and device) are the one cas
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 
 from ..readers.model import TraceError
@@ -39,7 +40,9 @@ def compile_rank_from(pattern: str | None) -> re.Pattern | None:
     if not pattern:
         return None
     try:
-        rx = re.compile(pattern)
+        with warnings.catch_warnings():  # a FutureWarning of re's would be a second line on stderr
+            warnings.simplefilter("ignore")
+            rx = re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as e:
         raise TraceError(f"--rank-from {pattern[:80]!r} is not a regular expression ({e})") from None
     if rx.groups < 1:
