@@ -33,7 +33,7 @@ def sequence_parallel(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, 
         return []
     a2a = np.array([i for i in comm_idx.tolist() if comm_op[i] == "all_to_all" and comm_axis[i] == "ep"
                     and axis_source[i] == INFERRED], np.int64)
-    if len(a2a) < 2 or any(_EXPERTS.search(n) for n in trace.names):
+    if len(a2a) < 2 or _EXPERTS.search("\n".join(trace.names)):  # one pass over every name
         return []
     attn_names = np.array([bool(_ATTENTION.search(n)) for n in trace.names], bool)
     attn = np.flatnonzero(attn_names[trace.name_id] & (category == COMPUTE))
@@ -56,12 +56,12 @@ def sequence_parallel(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, 
 # Evidence a training job leaves: backward (the autograd engine), an optimizer step, DDP's
 # forward/reducer, FSDP's hooks (FSDP1 and FSDP2 name their record_functions "FSDP::...").
 _TRAINING = re.compile(r"^autograd::engine::evaluate_function|^Optimizer\.(step|zero_grad)|DistributedDataParallel|"
-                       r"Reducer|^FSDP::|FullyShardedDataParallel|fully_shard")
-_FSDP = re.compile(r"^FSDP::|FullyShardedDataParallel|fully_shard")
+                       r"Reducer|^FSDP::|FullyShardedDataParallel|fully_shard", re.M)
+_FSDP = re.compile(r"^FSDP::|FullyShardedDataParallel|fully_shard", re.M)
 # Evidence of tensor parallelism: DTensor's functional collectives and parallel styles, Megatron's
 # and vLLM's parallel layers and their collectives.
 _TP = re.compile(r"^_c10d_functional::|ColwiseParallel|RowwiseParallel|parallelize_module|tensor_model_parallel|"
-                 r"RowParallelLinear|ColumnParallelLinear|VocabParallelEmbedding")
+                 r"RowParallelLinear|ColumnParallelLinear|VocabParallelEmbedding", re.M)
 _DP_OPS = ("allreduce", "reduce_scatter", "all_gather")
 
 
@@ -74,17 +74,20 @@ def data_parallel(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm
     gradients). Where the trace also shows tensor parallelism, an op-inferred allreduce could be
     either: its axis is unknown, never TP by default; DTensor's functional collectives stay TP.
     The reason is returned (the result's `axis_reasons`); a declared axis is never changed."""
-    if not comm_idx.size or not any(_TRAINING.search(n) for n in trace.names):
+    cands = [i for i in comm_idx.tolist()
+             if comm_op[i] in _DP_OPS and axis_source[i] != DECLARED and comm_axis[i] in ("tp", "other")]
+    if not cands:
         return []
-    fsdp = any(_FSDP.search(n) for n in trace.names)
-    tp_names = np.fromiter((bool(_TP.search(n)) for n in trace.names), bool, len(trace.names))
-    tp_seen = bool(tp_names.any()) or any(comm_axis[i] == "tp" and axis_source[i] == DECLARED for i in comm_idx.tolist())
+    names = "\n".join(trace.names)  # one pass of each pattern over every name (re.M: ^ starts each name)
+    if not _TRAINING.search(names):
+        return []
+    fsdp = bool(_FSDP.search(names))
+    tp_seen = bool(_TP.search(names)) or any(comm_axis[i] == "tp" and axis_source[i] == DECLARED
+                                             for i in comm_idx.tolist())
     moved = []
-    for i in comm_idx.tolist():
-        if comm_op[i] not in _DP_OPS or axis_source[i] == DECLARED or comm_axis[i] not in ("tp", "other"):
-            continue
+    for i in cands:
         if tp_seen:
-            if comm_axis[i] == "tp" and not tp_names[trace.name_id[i]]:
+            if comm_axis[i] == "tp" and not _TP.search(trace.names[trace.name_id[i]]):
                 comm_axis[i], category[i], axis_source[i] = "other", category_for(comm_op[i], "other"), UNKNOWN
                 moved.append(i)
             continue
