@@ -189,3 +189,22 @@ def test_the_seeds_themselves_analyze(tmp_path_factory):
     for name, f in _seed_files(tmp_path_factory).items():
         analyze(f)  # a seed that did not analyze would make every mutation a refusal
     shutil.rmtree(tmp_path_factory.getbasetemp() / "unused", ignore_errors=True)
+
+
+def test_an_sqlite_table_beyond_the_memory_bound_is_one_line_naming_it(tmp_path):
+    """Bounded work: an integer query stops once its rows pass what memory can analyze, naming the table."""
+    p = tmp_path / "run.sqlite"
+    write_nsys(p)
+    _edit(p, *["INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL"] * 14)  # 24 -> 393,216 rows
+    r = run_cli("analyze", str(p), "--jobs", "1", env={"COMMPROBE_MAX_TRACE_BYTES": str(100_000 * 350)})
+    assert_one_line_exit_2(r, "CUPTI_ACTIVITY_KIND_KERNEL holds more than 100,000 rows")
+
+
+def test_plan_and_compare_json_are_strict(tmp_path, real_traces):
+    r = run_cli("plan", "--model", "llama3-70b", "--hardware", "h100x8", "--tp", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    _strict(r.stdout)
+    a = real_traces / "hta" / "trace_filter_sampled_rank-0.json.gz"
+    r = run_cli("compare", str(a), str(real_traces / "hta" / "trace_filter_sampled_rank-1.json.gz"), "--json")
+    assert r.returncode == 0, r.stderr
+    _strict(r.stdout)

@@ -28,6 +28,20 @@ RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_dri
 LAUNCH_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}) | RUNTIME_CATS
 
 
+_SKIPPED: dict[str, dict[str, int]] = {}  # input path -> table or list -> rows a checked boundary skipped
+
+
+def count_skipped(path, where: str, n: int) -> None:
+    """A reader's checked boundary left out `n` rows of `where` in `path` (said in the reader notes)."""
+    per = _SKIPPED.setdefault(str(path), {})
+    per[where] = per.get(where, 0) + n
+
+
+def skipped_rows(path) -> dict[str, int]:
+    """Rows the boundary skipped in this input, per table (and forgets them)."""
+    return _SKIPPED.pop(str(path), {})
+
+
 class TraceError(InputError):
     """A trace (or directory of traces) that cannot be analyzed; the message is one line."""
 

@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from .limits import BYTES_PER_EVENT, max_events
-from .model import Trace, TraceError, codes, evidence, rank_in_name
+from .model import Trace, TraceError, codes, evidence, rank_in_name, skipped_rows
 from .native import Refused
-from .sqlite_export import skipped_rows
 
 
 def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | None,

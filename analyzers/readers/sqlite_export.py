@@ -4,8 +4,8 @@ queries into numpy a batch at a time.
 
 This is the SQLite formats' checked boundary: text that is not UTF-8 is decoded with replacement
 (never an error at fetch time); an integer query's rows whose values are not integers in int64's
-range (NULL, text, a real, 1e300) are skipped and counted per table (`skipped_rows`, said in the
-result's reader notes), never a TypeError in numpy; and every sqlite3 error of a reader's walk
+range (NULL, text, a real, 1e300) are skipped and counted per table (model.count_skipped, said in
+the result's reader notes), never a TypeError in numpy; and every sqlite3 error of a reader's walk
 (a missing table, a view to nowhere, a malformed page) becomes one TraceError line naming the
 file (`boundary`)."""
 
@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import TraceError
+from .model import TraceError, count_skipped
 
 BATCH = 1 << 16
 INT64 = (-(1 << 63), (1 << 63) - 1)
-_skipped: dict[str, dict[str, int]] = {}  # database path -> table -> rows skipped by query()
 
 
 def why(e: Exception) -> str:
@@ -76,11 +75,6 @@ def boundary(path: Path):
                          f"{str(e)[:120]})") from None
 
 
-def skipped_rows(path: Path) -> dict[str, int]:
-    """Rows `query` skipped in this database, per table (and forgets them)."""
-    return _skipped.pop(str(path), {})
-
-
 def tables(db: sqlite3.Connection, path: Path) -> set[str]:
     """Tables and views (rocpd's unsuffixed names are views over uuid-suffixed tables)."""
     try:
@@ -103,10 +97,19 @@ def schema_version(db: sqlite3.Connection, names: set[str]) -> str | None:
 def query(db: sqlite3.Connection, path: Path, sql: str, args: tuple = (), ncols: int = 0) -> np.ndarray:
     """All rows of an all-integer query (NULLs coalesced in the SQL) as an (n, ncols) int64 array,
     a batch at a time."""
+    from .limits import BYTES_PER_EVENT, max_events
+
+    most, seen = None, 0
     try:
         cur = db.execute(sql, args)
         parts = []
         while rows := cur.fetchmany(BATCH):  # the ints go straight into the array, no list of tuples kept
+            seen += len(rows)
+            if seen > BATCH and seen > (most := most or max_events()):  # bounded work: stop before memory does
+                m = _FROM.search(sql)
+                raise TraceError(f"{path}: {m.group(1) if m else 'a table'} holds more than {most:,} rows, more "
+                                 f"than this machine's memory can analyze ({BYTES_PER_EVENT} bytes per event); "
+                                 f"COMMPROBE_MAX_TRACE_BYTES raises the bound")
             try:
                 parts.append(np.fromiter(chain.from_iterable(rows), np.int64, len(rows) * ncols).reshape(len(rows), ncols))
             except (TypeError, ValueError, OverflowError):  # a NULL, text, real or huge value: rows checked one by one
@@ -127,8 +130,7 @@ def _checked_rows(rows: list[tuple], ncols: int, path: Path, sql: str) -> np.nda
     if len(good) < len(rows):
         m = _FROM.search(sql)
         table = m.group(1) if m else "a table"
-        per = _skipped.setdefault(str(path), {})
-        per[table] = per.get(table, 0) + len(rows) - len(good)
+        count_skipped(path, table, len(rows) - len(good))
     return np.array(good, np.int64).reshape(len(good), ncols)
 
 
