@@ -28,3 +28,19 @@ def assert_one_line_exit_2(r, needle: str) -> None:
     """Bad input as a user meets it: exit 2, one line on stderr naming the problem, no traceback."""
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def invariant_violations(result: dict, raw: Path | None = None) -> list[str]:
+    """bench/invariants.py's check (loaded once): the invariants every analysis keeps, on any input."""
+    import importlib.util
+
+    global _INVARIANTS
+    if _INVARIANTS is None:
+        spec = importlib.util.spec_from_file_location("invariants", ROOT / "bench" / "invariants.py")
+        _INVARIANTS = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_INVARIANTS)
+    return _INVARIANTS.check(result, raw)
+
+
+_INVARIANTS = None
+

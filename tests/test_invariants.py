@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 
 _spec = importlib.util.spec_from_file_location("invariants", ROOT / "bench" / "invariants.py")
 invariants = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(invariants)
+_spec.loader.exec_module(invariants)  # its real_inputs() and check(), as bench/invariants.py runs them
 
 
 @pytest.mark.usefixtures("real_traces")

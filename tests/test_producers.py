@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from commprobe.analyzers.analysis import analyze
-from tests.conftest import ROOT
+from tests.conftest import ROOT, invariant_violations
 
 KINDS = ("ddp", "fsdp", "dtensor-tp", "pipeline", "deepspeed-tp", "no-dist")
 
@@ -163,12 +163,7 @@ def test_deepspeed_inference_tensor_parallel_is_tp(runs):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_invariants_hold_on_every_producer(runs, kind):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("invariants", ROOT / "bench" / "invariants.py")
-    inv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(inv)
     a = analyze(_run(runs, kind))
-    assert inv.check(a) == []
+    assert invariant_violations(a) == []
     # a host timeline: every phase says so, and no verdict rests on device time
     assert all("host timeline only" in " ".join(p["notes"]) for p in a["phases"].values())

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from commprobe.analyzers.analysis import analyze
+from tests.conftest import invariant_violations
 from tests.vllm_engine import allreduce_in_steps, post, raw, serve, steps_by_phase, venv_python, wait_for_traces
 
 PROMPTS = ["the model splits layers across ranks and every layer ends in an allreduce of its output",
@@ -58,6 +59,7 @@ def test_a_real_vllm_profile_directory_analyzes_with_its_steps_and_allreduces(vl
     front = sorted(vllm_profile.glob("*.async_llm.*.pt.trace.json.gz"))
     assert len(ranks) == 2 and len(front) == 1  # what vLLM 0.32.0 writes, measured
     r = analyze(vllm_profile)
+    assert invariant_violations(r) == []
     assert [x["rank"] for x in r["ranks"]] == [0, 1]
     assert [s["file"] for s in r["source"]["skipped"]] == [str(front[0])]
     for trace, rank in zip(ranks, r["ranks"]):
