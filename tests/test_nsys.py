@@ -136,12 +136,14 @@ TABLES = {CLOVER: ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KI
 
 
 def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False, torchrun: bool = False,
-               host: str | None = None, process: tuple[int, int] | None = None) -> None:
+               host: str | None = None, process: tuple[int, int] | None = None, nccl_rank: int | None = None) -> None:
     """An export with the real files' table definitions (sqlite_master), two processes = two ranks
     (one_process: one process driving one GPU per rank, its threads one per rank; torchrun: each
     process on the device of its local rank, threads not named, the later rank with the lower pid;
     process=(pid, device): one process on one device, threads not named, as one export per process
-    of a multi-node collection writes it; host: the Hostname the export records)."""
+    of a multi-node collection writes it; host: the Hostname the export records; nccl_rank: the
+    rank NCCL's ncclCommInitRank NVTX payload records for the world communicator, beside a
+    one-rank sub-communicator's)."""
     db = sqlite3.connect(path)
     for src, tables in TABLES.items():
         for name in tables:
@@ -167,6 +169,12 @@ def write_nsys(path, ranks=(0, 1), version="3.13.2", one_process: bool = False, 
         if process is not None:
             pid, device = process
         gpid, gtid = (1 << 56) | (pid << 24), (1 << 56) | (pid << 24) | (pid + 5 + rank)
+        if nccl_rank is not None:  # NCCL's payload entries (NVIDIA/nccl nvtx_payload_schemas.h), as nsys exports them
+            for n, r in ((2, nccl_rank), (1, 0)):
+                db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, jsonText) "
+                           "VALUES (?, ?, 59, 'ncclCommInitRank', ?, ?)",
+                           (100 + n, 200 + n, gtid, json.dumps({"NCCL communicator ID": 77 + n, "No. of ranks": n,
+                                                                "Rank": r, "CUDA device": device})))
         if not torchrun and process is None:
             db.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, 0, ?)",
                        (sid(f"NCCL rank {rank}"), gtid))
@@ -312,6 +320,17 @@ def test_a_multi_node_collection_named_host_pid_is_ranked_by_host_and_device(tmp
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "two traces of one process" in lines[0], r.stderr
     assert "nodea_7310.sqlite" in lines[0] and "nodea_7310.again.sqlite" in lines[0] and "--rank-from" in lines[0]
+
+
+def test_ranks_from_ncclcomminitrank_payloads(tmp_path):
+    """NCCL records each process's rank in the payload of its ncclCommInitRank NVTX range; nsys
+    exports it as JSON text. Two exports named without a rank, devices 0 on both, no thread names:
+    the ranks are NCCL's (the world communicator's, not the one-rank sub-communicator's)."""
+    for pid, r in ((9001, 1), (9002, 0)):
+        write_nsys(tmp_path / f"node_{pid}.sqlite", ranks=(r,), host=f"node{pid}", process=(pid, 0), nccl_rank=r)
+    a = analyze(tmp_path)
+    assert a["source"]["rank_rule"] == "the trace's own rank"
+    assert [(r["rank"], r["identity"]["pid"]) for r in a["ranks"]] == [(0, 9002), (1, 9001)]
 
 
 def test_a_multi_process_export_with_no_rank_recorded_takes_ranks_from_devices(tmp_path):

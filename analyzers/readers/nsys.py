@@ -10,9 +10,10 @@ phases, exposure, cross-rank matching, reports and the gate run unchanged.
 
 One export may hold several processes (an `nsys profile mpirun ...` report) and a process may
 drive several GPUs: each (process, device) pair is one rank. Its rank number comes from, in
-order: the `--rank-from` pattern on the file name, a thread named "... rank N" (MPI and NCCL
-name their threads so; NVTX thread names land in ThreadNames), `rank N` in the file name, then
-the pair's position in the file. Set-based SQL fills numpy columns a batch at a time: no Python
+order: the `--rank-from` pattern on the file name, the rank NCCL records in its ncclCommInitRank
+NVTX payload, a thread named "... rank N" (MPI and NCCL name their threads so; NVTX thread names
+land in ThreadNames), `rank N` in the file name, then (host, device) / (host, pid) over the set
+(cross_rank/identity.py). Set-based SQL fills numpy columns a batch at a time: no Python
 object lives per event beyond the batch.
 
 Schema versions: 2.x (Nsight 2022, EXPORT_META_DATA) and 3.x (2023 on, META_DATA_EXPORT) are
@@ -22,6 +23,7 @@ NVIDIA's description: https://docs.nvidia.com/nsight-systems/UserGuide/index.htm
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -114,6 +116,43 @@ class Export:
                                    "ORDER BY 3").fetchall()
         return int_pairs(rows, 2)  # a NULL or text pid/device names no part
 
+    def own_rank(self, pid: int) -> int | None:
+        """The process's rank as it records it: NCCL's own word first (the payload of its
+        ncclCommInitRank NVTX range), else a thread's name."""
+        r = self.nccl_rank(pid)
+        return r if r is not None else self.thread_rank(pid)
+
+    def nccl_rank(self, pid: int) -> int | None:
+        """The rank NCCL gave this process in its largest communicator (the world's): the "Rank" and
+        "No. of ranks" entries of the ncclCommInitRank range's NVTX payload (NVIDIA/nccl
+        src/include/nvtx_payload_schemas.h), which nsys exports as the range's JSON text. None where
+        the export has no payloads, or the largest communicator gives this process two ranks (one
+        process driving several devices: each part's rank is told apart by the rules after)."""
+        cols = {r[1] for r in self.db.execute("PRAGMA table_info(NVTX_EVENTS)")} if "NVTX_EVENTS" in self.tables else set()
+        if not {"jsonText", "jsonTextId"} & cols:
+            return None
+        js = ("coalesce(n.jsonText, j.value)" if {"jsonText", "jsonTextId"} <= cols
+              else "n.jsonText" if "jsonText" in cols else "j.value")
+        rows = self.db.execute(
+            f"SELECT {js} FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+            + ("LEFT JOIN StringIds j ON j.id = n.jsonTextId " if "jsonTextId" in cols else "")
+            + f"WHERE coalesce(n.text, s.value, '') LIKE 'ncclCommInitRank%' AND {_TPID.replace('globalTid', 'n.globalTid')} = ? "
+            "LIMIT 10000", (pid,)).fetchall()
+        best: dict[int, set[int]] = {}
+        for (text,) in rows:
+            try:
+                doc = json.loads(text) if isinstance(text, str) and len(text) < 65536 else None
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(doc, dict):
+                rank, n = doc.get("Rank"), doc.get("No. of ranks")
+                if all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 24 for v in (rank, n)):
+                    best.setdefault(n, set()).add(rank)
+        if not best:
+            return None
+        ranks = best[max(best)]
+        return ranks.pop() if len(ranks) == 1 else None
+
     def thread_rank(self, pid: int) -> int | None:
         """A rank from the process's thread names ("MPI Rank 3", NVTX-named threads), else None."""
         if "ThreadNames" not in self.tables:
@@ -143,7 +182,7 @@ def load_exports(path: str | Path, rank_from: str | None = None):
     path = Path(path)
     ex = Export(path)
     yield from each_part_of(path, ex, "an Nsight Systems export without CUDA kernels, copies or runtime calls",
-                            "pid={},device={}", ex.thread_rank, rank_from, _load_part,
+                            "pid={},device={}", ex.own_rank, rank_from, _load_part,
                             device_index=lambda pid, dev: dev if dev >= 0 else None)
 
 
