@@ -8,8 +8,6 @@ a failed rank is one line and status 1.
 
 from __future__ import annotations
 
-from commprobe.common import jsonout
-
 import os
 import sys
 
@@ -20,6 +18,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import typer
 
+from commprobe.common import jsonout
 from commprobe.common.bundle import MANIFEST
 from commprobe.common.errors import InputError
 
@@ -143,7 +142,6 @@ def analyze(
     wide: bool = typer.Option(False, "--wide", help="Every category a column, those with no time too."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
-
     from commprobe.analyzers.analysis import analyze as run_analysis
     from commprobe.analyzers.cross_rank.rank_map import default_jobs
 
@@ -298,7 +296,6 @@ def hang(
     json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (schema commprobe.hang/1)."),
 ) -> None:
     """Why a run hung: which rank, group, collective and sequence number, and where each rank waits."""
-
     from commprobe.analyzers.hang import analyze_hang
     from commprobe.reports.terminal import render_hang
 
@@ -316,7 +313,6 @@ def compare(
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Two analyses side by side (gloo vs dda, NCCL vs DDA, before vs after), with B/A ratios."""
-
     from commprobe.analyzers.analysis import compare as run_compare
     from commprobe.analyzers.analysis import load_result
     from commprobe.reports.terminal import render_compare

@@ -3,9 +3,9 @@ print its table (reports/terminal.py) or its JSON rows."""
 
 from __future__ import annotations
 
-from commprobe.common import jsonout
-
 import typer
+
+from commprobe.common import jsonout
 
 from .console import check_cores, console, err, fail, say
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from commprobe.common import jsonout
-
 import typer
+
+from commprobe.common import jsonout
 
 from .console import console, fail, say
 

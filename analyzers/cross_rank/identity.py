@@ -30,7 +30,6 @@ from ..readers.model import TraceError
 
 OWN, NAME, RANK_FROM = "the trace's own rank", "the file name", "--rank-from"
 HOST_DEVICE, HOST_PID, ORDER = "(host, device)", "(host, pid)", "the order of first work"
-GUESSED = (HOST_DEVICE, HOST_PID, ORDER)  # rules the result flags as a guess
 HINT = "--rank-from REGEX names ranks from the file names"
 
 
@@ -90,8 +89,8 @@ def assign(evs: list[dict], rank_from: str | None = None) -> Assignment:
     own = [e.get("own") for e in evs]
     # a process's own rank names the process: where it drove several devices, its parts share it and
     # it tells them apart no more than the process id does (the next rules do)
-    shared_by_parts = len({(e["file"], e.get("pid"), o) for e, o in zip(evs, own)}) < len({(e["file"], e.get("pid"), e.get("part"))
-                                                                                          for e in evs})
+    parts_of = {(e["file"], e.get("pid"), e.get("part")) for e in evs}
+    shared_by_parts = len({(e["file"], e.get("pid"), o) for e, o in zip(evs, own)}) < len(parts_of)
     if None not in own and not shared_by_parts:
         _refuse_twice(own, files, OWN, "one process profiled twice, or two jobs in one directory: analyze them apart")
         return Assignment(own, OWN, [])

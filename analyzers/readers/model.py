@@ -28,6 +28,16 @@ RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_dri
 LAUNCH_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}) | RUNTIME_CATS
 
 
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def int64_row(values) -> bool:
+    """Whether every value is an integer int64 holds (not a bool, NULL, text, real or a bigger
+    number): the readers' one check on numbers from a file, before numpy sees them."""
+    lo, hi = INT64
+    return all(type(v) is int and lo <= v <= hi for v in values)
+
+
 _SKIPPED: dict[str, dict[str, int]] = {}  # input path -> table or list -> rows a checked boundary skipped
 
 

@@ -26,17 +26,19 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from .model import TraceError, codes, factorize
+from .model import INT64, TraceError, codes, factorize, int64_row
 from .parts import Source, assemble, each_part_of
-from .sqlite_export import INT64, int_pairs, lookup, open_readonly, query, tables
+from .sqlite_export import int_pairs, lookup, open_readonly, query, tables
 
 KNOWN_MAJORS = (2, 3)
 _PID = "((globalPid >> 24) & 16777215)"  # Serialized GlobalId: bits 24-39 are the process id
 _TPID = "((globalTid >> 24) & 16777215)"
+_NVTX_TPID = "((n.globalTid >> 24) & 16777215)"  # the same, on NVTX_EVENTS aliased n
 NVTX_RANGES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange (ENUM_NSYS_EVENT_TYPE)
 _THREAD_RANK = re.compile(r"\brank\s*[-_#]?\s*(\d+)", re.IGNORECASE)
 # CUPTI memcpy kinds (ENUM_CUDA_MEMCPY_OPER in 3.x exports; fixed by CUPTI, so 2.x exports read alike)
@@ -122,13 +124,18 @@ class Export:
         r = self.nccl_rank(pid)
         return r if r is not None else self.thread_rank(pid)
 
+    @cached_property
+    def nvtx_columns(self) -> set[str]:
+        """NVTX_EVENTS' columns (the payload's JSON text is in newer schemas only), asked once."""
+        return {r[1] for r in self.db.execute("PRAGMA table_info(NVTX_EVENTS)")} if "NVTX_EVENTS" in self.tables else set()
+
     def nccl_rank(self, pid: int) -> int | None:
         """The rank NCCL gave this process in its largest communicator (the world's): the "Rank" and
         "No. of ranks" entries of the ncclCommInitRank range's NVTX payload (NVIDIA/nccl
         src/include/nvtx_payload_schemas.h), which nsys exports as the range's JSON text. None where
         the export has no payloads, or the largest communicator gives this process two ranks (one
         process driving several devices: each part's rank is told apart by the rules after)."""
-        cols = {r[1] for r in self.db.execute("PRAGMA table_info(NVTX_EVENTS)")} if "NVTX_EVENTS" in self.tables else set()
+        cols = self.nvtx_columns
         if not {"jsonText", "jsonTextId"} & cols:
             return None
         js = ("coalesce(n.jsonText, j.value)" if {"jsonText", "jsonTextId"} <= cols
@@ -136,7 +143,7 @@ class Export:
         rows = self.db.execute(
             f"SELECT {js} FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
             + ("LEFT JOIN StringIds j ON j.id = n.jsonTextId " if "jsonTextId" in cols else "")
-            + f"WHERE coalesce(n.text, s.value, '') LIKE 'ncclCommInitRank%' AND {_TPID.replace('globalTid', 'n.globalTid')} = ? "
+            + f"WHERE coalesce(n.text, s.value, '') LIKE 'ncclCommInitRank%' AND {_NVTX_TPID} = ? "
             "LIMIT 10000", (pid,)).fetchall()
         best: dict[int, set[int]] = {}
         for (text,) in rows:
@@ -229,9 +236,8 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
         rows = ex.db.execute(
             f"SELECT n.start, n.end, n.globalTid, coalesce(n.text, s.value, '') FROM NVTX_EVENTS n "
             f"LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType IN ({','.join(map(str, NVTX_RANGES))}) "
-            f"AND n.end IS NOT NULL AND ((n.globalTid >> 24) & 16777215) = ?", (pid,)).fetchall()
-        lo, hi = INT64
-        rows = [r for r in rows if all(type(v) is int and lo <= v <= hi for v in r[:3])]  # checked, as query() does
+            f"AND n.end IS NOT NULL AND {_NVTX_TPID} = ?", (pid,)).fetchall()
+        rows = [r for r in rows if int64_row(r[:3])]  # start, end, thread checked, as query() does
         if rows:
             starts, ends, tids, texts = zip(*rows)
             code, names = factorize(list(texts))

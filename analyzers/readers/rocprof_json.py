@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 
 from .limits import read_bytes
-from .model import TraceError, codes
+from .model import TraceError, codes, int64_row
 from .parts import Source, assemble, each_part
 
 TOOL_KEY = "rocprofiler-sdk-tool"
@@ -315,6 +315,5 @@ def _array(rows: list[tuple], ncols: int) -> np.ndarray:
     try:
         return np.array(rows, np.int64).reshape(len(rows), ncols)
     except OverflowError:
-        lo, hi = -(1 << 63), (1 << 63) - 1
-        good = [r for r in rows if all(lo <= v <= hi for v in r)]
+        good = [r for r in rows if int64_row(r)]
         return np.array(good, np.int64).reshape(len(good), ncols)

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import TraceError, count_skipped
+from .model import TraceError, count_skipped, int64_row
 
 BATCH = 1 << 16
-INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def why(e: Exception) -> str:
@@ -125,8 +124,7 @@ _FROM = re.compile(r"\bFROM\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 def _checked_rows(rows: list[tuple], ncols: int, path: Path, sql: str) -> np.ndarray:
     """The rows whose every value is an integer in int64's range; the others skipped, counted under
     the query's first table."""
-    lo, hi = INT64
-    good = [r for r in rows if len(r) == ncols and all(type(v) is int and lo <= v <= hi for v in r)]
+    good = [r for r in rows if len(r) == ncols and int64_row(r)]
     if len(good) < len(rows):
         m = _FROM.search(sql)
         table = m.group(1) if m else "a table"
@@ -136,8 +134,7 @@ def _checked_rows(rows: list[tuple], ncols: int, path: Path, sql: str) -> np.nda
 
 def int_pairs(rows: list[tuple], n: int) -> list[tuple[int, ...]]:
     """The first `n` values of each row where all are integers in int64's range (the others left out)."""
-    lo, hi = INT64
-    return [tuple(r[:n]) for r in rows if all(type(v) is int and lo <= v <= hi for v in r[:n])]
+    return [tuple(r[:n]) for r in rows if int64_row(r[:n])]
 
 
 def lookup(db: sqlite3.Connection, sql: str, ids) -> dict[int, object]:
