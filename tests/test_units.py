@@ -144,6 +144,19 @@ def test_verdict_follows_the_threshold_and_idle_rule():
     assert empty["verdict"] == Verdict.UNKNOWN and "hold 5 µs of recorded device work each" in empty["summary"]
 
 
+def test_windows_of_no_length_give_no_verdict(tmp_path):
+    """Step markers of zero duration (one, or several at one instant) bound nothing: the windows hold
+    no work, so there is no verdict (before: 'compute-bound, compute 0 %')."""
+    from commprobe.analyzers.analysis import analyze
+    from tests.kineto_events import HOST, ev, write
+
+    for marks in ([100], [100, 100]):
+        events = [ev(f"ProfilerStep#{k}", t, 0, HOST, "user_annotation") for k, t in enumerate(marks)]
+        p = analyze(write(tmp_path / f"t{len(marks)}.json.gz", [*events, ev("aten::mm", 200, 500, HOST)]))["phases"]["step"]
+        assert p["verdict"] == Verdict.UNKNOWN and p["verdict_rule"]["name"] == "no work in the windows", p
+        assert p["largest"] == "idle" and "hold 0 µs of recorded host work" in p["summary"]
+
+
 def test_every_verdict_agrees_with_its_shares():
     """Over a grid of shares: 'largest' is the largest share (idle included); compute-bound only where
     computation is the largest work and the timeline busy at least half; communication-bound only

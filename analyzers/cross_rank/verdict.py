@@ -215,10 +215,12 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         idle = 0.0
         for r in rows:
             p = r["phases"][phase]
-            e2e = p["e2e_us"] or 1.0
+            if not p["e2e_us"]:  # windows of no length (markers of zero duration at one instant) hold no work
+                idle += 1.0 / len(rows)
+                continue
             for c, v in p["categories"].items():
-                shares[c] += v["exposed_us"] / e2e / len(rows)
-            idle += p["idle_us"] / e2e / len(rows)
+                shares[c] += v["exposed_us"] / p["e2e_us"] / len(rows)
+            idle += p["idle_us"] / p["e2e_us"] / len(rows)
         e2e_max = max(r["phases"][phase]["e2e_us"] for r in rows)
         device = any(r["timeline"] == "device" for r in rows)
         comm_share = sum(shares[c] for c in COMM_CATS)
