@@ -20,7 +20,7 @@ from commprobe.common.bundle import FLIGHT_RECORDER, read_manifest, single_manif
 from commprobe.common.errors import InputError
 from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
-from .cross_rank import matching
+from .cross_rank import cause, matching
 from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
 from .cross_rank.verdict import phase_summary
@@ -47,10 +47,12 @@ ALIGNMENTS = ("base", "collective-end")  # clocks: baseTimeNanoseconds, or the e
 
 
 def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
-            align: str = "base", jobs: int = 1, scheduler: str | None = None, rank_from: str | None = None) -> dict:
+            align: str = "base", jobs: int = 1, scheduler: str | None = None, rank_from: str | None = None,
+            calibration: str | Path | None = None) -> dict:
     """Map each rank's trace to a summary (cross_rank/rank_map.py; `jobs` > 1: in that many worker processes;
     `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
-    where the map ran."""
+    where the map ran. `calibration`: a sweep of this machine's collectives (`commprobe bench
+    collectives --json`), the zero-skew baseline that tells a slow transport from its floor."""
     t0 = time.perf_counter()
     url = remote.is_url(path)  # an fsspec URL: traces only (a bundle is a local directory)
     path = path if url else Path(path)
@@ -69,6 +71,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     notes: list[str] = []
     axis_reasons: dict[str, str] = {}
     compile_rank_from(rank_from)  # a bad pattern is one line before any file is read
+    sweep = calibration_rows(calibration) if calibration else None
     rank_set = RankSet(path)
     files_in = trace_files(path)
     coords = name_table([remote.name_of(f) if url else Path(f).name for f in files_in])
@@ -116,11 +119,12 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     offsets = matching.align_offsets(calls) if align == "collective-end" else None
     matched = matching.match(calls, offsets)
     waits = matched.pop("_waits")
-    _phase_waits(ranks, calls, waits)
+    baselines, baseline = cause.call_baselines(calls, waits, sweep, manifest)
+    _phase_waits(ranks, calls, waits, baselines)
     buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
     axes = _provenance(calls, field=1)
-    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes)
+    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline)
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None, "rank_rule": chosen.rule,
@@ -146,6 +150,32 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     }
 
 
+def calibration_rows(path: str | Path) -> list[dict]:
+    """The zero-skew baseline's rows (backend, op, bytes, world, time_us): a sweep's JSON
+    (`commprobe bench collectives --json`), or a healthy run of the same job (a bundle, traces or
+    their analysis JSON): its median transfer per op and size, measured as the trace measures
+    (profiler spans included, which a sweep leaves out)."""
+    p = Path(path)
+    if p.suffix == ".json" and p.is_file():
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            doc = None
+        if not (isinstance(doc, dict) and str(doc.get("schema", "")).startswith("commprobe.analysis/")):
+            return cause.read_calibration(p)
+    elif not p.exists():
+        raise cause.CalibrationError(f"{path}: no such calibration (a sweep's JSON, or a healthy run's bundle)")
+    res = load_result(p)
+    backend = cause._backend_of(res.get("manifest"), [])
+    rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
+             "time_us": b["median_us"], "p90_us": b["p90_us"], "count": b["count"]}
+            for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
+    if not rows or not backend:
+        raise cause.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and its "
+                                     f"backend (a commprobe bundle)")
+    return rows
+
+
 def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:
     """Per communication category, how many calls had their axis declared, inferred or unknown
     (`field` 1: how many were on each axis)."""
@@ -161,11 +191,11 @@ def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:
     return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
 
 
-def _phase_waits(ranks: list[dict], calls: dict, waits: dict) -> None:
+def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | None = None) -> None:
     """Per rank, phase and communication category: `exposed_wait_us`, the part of the exposed time
     spent waiting for a straggler (matched calls that start in the phase's windows; on a host
     timeline all of a collective's time is exposed, on a device the wait is capped by the
-    category's exposed time)."""
+    category's exposed time); and `comm_calls`, the calls behind it (cross_rank/cause.py)."""
     for rk in ranks:
         r = rk["rank"]
         for phase, spans in rk["windows"].items():
@@ -180,21 +210,25 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict) -> None:
             if rc is None or not len(rc) or r not in waits:
                 continue
             k = np.searchsorted(lo, rc.start, side="right") - 1
-            inside = (k >= 0) & (rc.start < hi[np.maximum(k, 0)]) & (waits[r][0] > 0)  # NaN (unmatched) is not > 0
+            in_win = (k >= 0) & (rc.start < hi[np.maximum(k, 0)])
+            inside = in_win & (waits[r][0] > 0)  # NaN (unmatched) is not > 0
             cat = rc.category()
+            base = (baselines or {}).get(r, np.full(len(rc), np.nan))
             for name in COMM_CATS:
                 sel = inside & (cat == name)
                 if sel.any():
                     cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
+                if (in_win & (cat == name)).any():
+                    cause.accumulate(rk, phase, name, in_win & (cat == name), waits[r], base)
             for c in COMM_CATS:
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 
 
-def analyze_backends(path: str | Path, jobs: int = 1) -> dict[str, dict] | None:
+def analyze_backends(path: str | Path, jobs: int = 1, calibration: str | Path | None = None) -> dict[str, dict] | None:
     """A bundle with one sub-bundle per backend: {backend: analysis}, in the run's order; else None."""
     p = Path(path)
     subs = sub_bundles(read_manifest(p))
-    return {b: analyze(p / d, jobs=jobs) for b, d in subs.items()} or None
+    return {b: analyze(p / d, jobs=jobs, calibration=calibration) for b, d in subs.items()} or None
 
 
 def load_result(path: str | Path, jobs: int = 1) -> dict:
@@ -231,9 +265,13 @@ def compare(a: dict, b: dict) -> dict:
             ea = pa["exposed_share"][c] * pa["e2e_us_per_window"]
             eb = pb["exposed_share"][c] * pb["e2e_us_per_window"]
             cats[c] = {"a_us": ea, "b_us": eb, "ratio": ratio(ea, eb)}
+        ca, cb = pa.get("communication_cause") or {}, pb.get("communication_cause") or {}
         phases[ph] = {"a_e2e_us": pa["e2e_us_per_window"], "b_e2e_us": pb["e2e_us_per_window"],
                       "ratio": ratio(pa["e2e_us_per_window"], pb["e2e_us_per_window"]),
-                      "a_verdict": pa["verdict"], "b_verdict": pb["verdict"], "categories": cats}
+                      "a_verdict": pa["verdict"], "b_verdict": pb["verdict"], "categories": cats,
+                      "split": {side: {"class": c.get("class"), "transfer_share": c.get("transfer_share"),
+                                       "wait_share": c.get("wait_share"), "culprit": c.get("culprit")}
+                                for side, c in (("a", ca), ("b", cb)) if c}}
     ka = {(r["op"], r["bucket_bytes"]): r for r in a["message_sizes"]}
     sizes = []
     for r in b["message_sizes"]:

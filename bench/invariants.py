@@ -65,8 +65,22 @@ def check(result: dict, raw: Path | None = None) -> list[str]:
         if "largest" in p and cands[p["largest"]] < max(cands.values()) - 1e-12:
             bad.append(f"{ph}: 'largest' is {p['largest']} but {max(cands, key=cands.get)} is larger")
         v = p["verdict"]
-        if v == "communication-bound" and not p["exposed_comm_share"] > thr:
-            bad.append(f"{ph}: communication-bound at {p['exposed_comm_share']:.1%} (threshold {thr:.0%})")
+        if v in ("communication-bound", "imbalance-bound", "communication/imbalance-bound") and not p["exposed_comm_share"] > thr:
+            bad.append(f"{ph}: {v} at {p['exposed_comm_share']:.1%} (threshold {thr:.0%})")
+        cause = p.get("communication_cause") or {}
+        told = cause and cause.get("class") != "inconclusive"
+        if told:  # transfer and waiting were told apart: the verdict follows the larger part
+            t, w = cause["transfer_share"], cause["wait_share"]
+            if abs(t + w - cause["exposed_us_per_window"] / max(cause["e2e_us_per_window"], 1e-9)) > 1e-6:
+                bad.append(f"{ph}: transfer {t:.1%} + waiting {w:.1%} is not the exposed communication")
+            if v == "communication-bound" and w > thr and not t > thr:
+                bad.append(f"{ph}: communication-bound while waiting ({w:.0%}) is above the threshold and transfer "
+                           f"({t:.0%}) is not")
+            if v == "imbalance-bound" and t > thr and not w > thr:
+                bad.append(f"{ph}: imbalance-bound while transfer ({t:.0%}) is above the threshold and waiting is not")
+            culprit = cause.get("culprit")
+            if culprit is not None and cause["wait_caused_by"].get(str(culprit), 0) < 0.5:
+                bad.append(f"{ph}: culprit rank {culprit} caused under half the waiting")
         if v == "host/launch-bound" and not p["idle_share"] > 0.5:
             bad.append(f"{ph}: host/launch-bound with the device idle only {p['idle_share']:.0%}")
         if v == "compute-bound":

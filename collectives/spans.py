@@ -8,12 +8,45 @@ profiler is active (a flag read, about 0.07 µs).
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 
 import torch
 import torch.autograd.profiler as _prof
 
 SPAN_PREFIX = "commprobe/comm"
 _NULL = contextlib.nullcontext()
+# An emulated slower transport: seconds added inside every collective's span on an axis (all ranks
+# alike, so it is transfer time, not waiting). Set by the probe's fault injection
+# (COMMPROBE_FAULT=slow-link:AXIS@US); empty, it costs one dict lookup a call.
+LINK_DELAY_S: dict[str, float] = {}
+
+
+def pause(seconds: float) -> None:
+    """Wait `seconds` precisely and yielding the core: sleep all but the last 150 µs (a sleep
+    overshoots by the kernel's timer slack, ~50-100 µs), then yield until the deadline. An emulated
+    delay of known size must take that size, or what the analysis finds cannot be checked."""
+    end = time.perf_counter() + seconds
+    if seconds > 300e-6:
+        time.sleep(seconds - 150e-6)
+    while time.perf_counter() < end:
+        os.sched_yield()
+
+
+class _Delayed:
+    """A span (or no span) with a fixed sleep inside it: the slower link's extra time, recorded
+    as part of the collective."""
+
+    def __init__(self, inner, seconds: float):
+        self.inner, self.seconds = inner, seconds
+
+    def __enter__(self):
+        out = self.inner.__enter__()
+        pause(self.seconds)
+        return out
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
 
 
 def span_name(axis: str, op: str, nbytes: int, dtype: torch.dtype, group: int, backend: str) -> str:
@@ -37,6 +70,8 @@ def span(name: str):
 
 
 def comm_span(axis: str, op: str, x: torch.Tensor, group: int, backend: str):
+    delay = LINK_DELAY_S.get(axis) if LINK_DELAY_S else None
     if not profiling():
-        return _NULL
-    return torch.profiler.record_function(span_name(axis, op, x.numel() * x.element_size(), x.dtype, group, backend))
+        return _Delayed(_NULL, delay) if delay else _NULL
+    ctx = torch.profiler.record_function(span_name(axis, op, x.numel() * x.element_size(), x.dtype, group, backend))
+    return _Delayed(ctx, delay) if delay else ctx

@@ -59,7 +59,9 @@ class Verdict(enum.StrEnum):
     """The analyzer's label for a phase (and only that: the cost model writes a summary, the gate a
     metric status)."""
 
-    COMMUNICATION = "communication-bound"
+    COMMUNICATION = "communication-bound"  # the collectives' own transfer (or transfer vs waiting not told)
+    IMBALANCE = "imbalance-bound"  # waiting in collectives for a late rank: the fix is that rank, not the collective
+    MIXED = "communication/imbalance-bound"  # transfer and waiting both, neither alone past the threshold or both
     COMPUTE = "compute-bound"
     DATA_MOVEMENT = "data-movement-bound"  # copies and memsets dominate: not compute
     HOST = "host/launch-bound"

@@ -90,7 +90,17 @@ def manifest(cfg, model_cfg: dict, backend: str | list[str], world: int) -> dict
         "traces": [trace_name(r) for r in range(world)],
         "timings": TIMINGS,
         "telemetry": TELEMETRY,
+        "fault": _fault(),
     }
+
+
+def _fault() -> dict | None:
+    """The performance fault injected into this run (probe/faults.py), the truth a diagnosis is
+    scored against; None for a run without one."""
+    from .faults import perf_fault
+
+    f = perf_fault()
+    return f.to_dict() if f else None
 
 
 def timings_doc(results: list, backend: str) -> dict:

@@ -131,7 +131,8 @@ def analyze(
     path: str = typer.Argument(..., help="A run bundle, a trace file, or a directory of rank traces."),
     json_out: bool = typer.Option(False, "--json", help="Print the versioned JSON result."),
     rules: str | None = typer.Option(None, help="Classification rules file (TOML or JSON)."),
-    threshold: float = typer.Option(0.2, help="Exposed-communication share above which a phase is communication-bound."),
+    threshold: float = typer.Option(0.2, help="Exposed-communication share above which a phase is communication-bound (its transfer), "
+                                   "imbalance-bound (its waiting for a late rank) or both."),
     align: str = typer.Option("base", help="Clock alignment: base (baseTimeNanoseconds) or collective-end."),
     out_file: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
     jobs: int = typer.Option(0, help="Ranks analyzed at once, each in its own process (0: the usable cores)."),
@@ -140,13 +141,16 @@ def analyze(
     rank_from: str | None = typer.Option(None, help="Nsight exports: a regex whose first group, in the file name, "
                                                     "is the rank (e.g. 'node(\\d+)')."),
     wide: bool = typer.Option(False, "--wide", help="Every category a column, those with no time too."),
+    calibration: str | None = typer.Option(None, help="This machine's collective sweep (`commprobe bench collectives "
+                                           "--json > FILE`): the zero-skew baseline that tells a slow transport from "
+                                           "its floor (default: the trace's own fastest calls)."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
     from commprobe.analyzers.analysis import analyze as run_analysis
     from commprobe.analyzers.cross_rank.rank_map import default_jobs
 
     result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=default_jobs() if jobs == 0 else jobs,
-                          scheduler=scheduler, rank_from=rank_from)
+                          scheduler=scheduler, rank_from=rank_from, calibration=calibration)
     if out_file:
         from pathlib import Path
 

@@ -109,3 +109,50 @@ def bench_time_sharing(
         print(jsonout.dumps(rows))
     else:
         render_time_sharing(rows, world, cfg.cores, backend, size, rounds, console)
+
+
+@bench_app.command("diagnosis")
+def bench_diagnosis(
+    quick: bool = typer.Option(False, "--quick", help="A case per cause at its high dose, and healthy runs (CI: ~1 min)."),
+    backend: str = typer.Option("dda,gloo", help="Comma-separated: dda, gloo."),
+    healthy: int = typer.Option(2, help="Healthy cases per layout and backend (the full suite)."),
+    min_accuracy: float = typer.Option(0.95, help="Exit 1 below this share of cases right, or when a healthy run is "
+                                                  "flagged."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    out: str | None = typer.Option(None, help="Keep the runs' bundles here (default: a temporary directory)."),
+    timeout: float = typer.Option(120.0, help="Seconds before one run is called hung."),
+    oversubscribe: bool = typer.Option(False, help="Allow more ranks than CPU cores."),
+) -> None:
+    """How often the verdict names the right cause: runs with performance faults of known size
+    (COMMPROBE_FAULT) on TP=2, CP=2 and EP=2, scored against what was injected."""
+    from pathlib import Path
+
+    from commprobe.probe.bench.diagnosis import cases, run_suite
+    from commprobe.probe.launch import LaunchError
+    from commprobe.reports.terminal import render_diagnosis
+
+    backends = tuple(b for b in backend.split(",") if b)
+    if set(backends) - {"dda", "gloo"} or not backends:
+        fail(f"--backend: dda and/or gloo, got {backend!r}")
+    if not 0 <= min_accuracy <= 1:
+        fail(f"--min-accuracy must be between 0 and 1, got {min_accuracy}")
+    check_cores(2, oversubscribe)
+    todo = cases(quick=quick, backends=backends, healthy=healthy)
+    stream = err if json_out else console
+
+    def show(i: int, n: int, case) -> None:
+        stream.print(f"[{i + 1}/{n}] {case.layout} {case.backend} {case.spec or 'healthy'}", highlight=False)
+
+    try:
+        res = run_suite(todo, Path(out) if out else None, timeout=timeout, on_case=show)
+    except LaunchError as e:
+        fail(str(e), code=1)
+    res["min_accuracy"] = min_accuracy
+    if json_out:
+        print(jsonout.dumps(res))
+    else:
+        render_diagnosis(res, console)
+    if res["accuracy"] < min_accuracy or res["healthy_flagged"]:
+        say(f"commprobe: diagnosis accuracy {res['accuracy']:.0%} ({res['right']}/{res['total']}), healthy runs "
+            f"flagged {res['healthy_flagged']}: below the bar ({min_accuracy:.0%}, none flagged)", to_err=True)
+        raise typer.Exit(1)

@@ -25,7 +25,7 @@ from commprobe.collectives.spans import span
 from commprobe.common.bundle import trace_name
 from commprobe.common.host import host_name
 
-from .faults import faulty, inject
+from .faults import faulty, inject, perf_fault, perturb
 from .forensics import register_groups
 from .launch import report_progress
 
@@ -67,13 +67,16 @@ class RunConfig:
     out_dir: str | None = None
     """Bundle root; traces are written only when set."""
     profile: bool = True
-    """Record one profiled repetition after the timed ones."""
+    """Record profiled repetitions after the timed ones."""
+    profiled_repeats: int = 1
+    """Repetitions the profiler records (after its one warm-up): more windows of each phase,
+    for a phase with one window a repetition (prefill) to be measured more than once."""
     device: str = "auto"
     """Where the model runs: auto (a GPU per rank when CUDA/ROCm is present), cpu, cuda."""
 
     def __post_init__(self) -> None:
         for flag, v in (("--steps", self.decode_steps), ("--prompt-len", self.prompt_len), ("--batch", self.batch),
-                        ("--repeats", self.repeats)):
+                        ("--repeats", self.repeats), ("profiled_repeats", self.profiled_repeats)):
             if v < 1:
                 raise ValueError(f"{flag} must be >= 1, got {v}")
         if self.device not in DEVICES:
@@ -82,6 +85,7 @@ class RunConfig:
             raise ValueError("--device cuda, but torch sees no CUDA/ROCm device (a CPU build of torch, or no driver)")
         if self.timeout <= 0:
             raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+        perf_fault()  # a malformed COMMPROBE_FAULT is one line before any rank starts
         from commprobe.collectives.backends import resolve_backends
 
         self.backends = resolve_backends(self.backends)
@@ -387,6 +391,7 @@ def run_rank(cfg: RunConfig) -> RankResult:
         comms[b] = faulty({a: TimedComm(c) for a, c in build_comms(cfg.mesh, b, timeout=cfg.timeout).items()}, rank)
         register_groups(comms[b])  # for hang forensics: which process group is which axis
     model = parallelize(load_model(cfg, device), comms[cfg.backends[0]], cfg.cp_variant)
+    comms = perturb(model, comms, rank, cfg.seed)  # COMMPROBE_FAULT's performance faults, if any
     prompt = make_prompt(model.cfg.vocab_size, cfg.batch, cfg.prompt_len, cfg.seed).to(device)
     timings = {b: RankTimings(rank, b, cfg.batch) for b in cfg.backends}
     profiled = {b: RankTimings(rank, b, cfg.batch) for b in cfg.backends}
@@ -415,14 +420,15 @@ def run_rank(cfg: RunConfig) -> RankResult:
                     report_progress("writing trace")
                     write_trace(p, path)
 
-                # One profiler warm-up step (not recorded), then one recorded repetition; repeat=1
-                # so the schedule ends there and on_trace_ready sees exactly that repetition.
-                prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
+                # One profiler warm-up step (not recorded), then the recorded repetitions; repeat=1
+                # so the schedule ends there and on_trace_ready sees exactly those repetitions.
+                active = cfg.profiled_repeats
+                prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
                                on_trace_ready=on_ready)
                 meta = json.dumps({"rank": rank, "backend": b, "tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep,
                                    "preset": model.cfg.name})
                 with prof:
-                    for step in range(2):
+                    for step in range(1 + active):
                         if step == 1:  # metadata is accepted only while recording
                             prof.add_metadata_json("commprobe", meta)
                         _generate_once(model, comms[b], prompt, cfg, profiled[b] if step else None)

@@ -79,6 +79,13 @@ PRESETS: dict[str, ModelConfig] = {
         intermediate_size=128, rope_theta=10000.0, max_seq_len=256,
         n_experts=4, top_k=1, moe_intermediate_size=64,
     ),
+    # Experts wide enough that the tokens routed to one cost real time (a hot expert's rank is
+    # measurably late: `commprobe bench diagnosis`), the rest tiny so a run takes seconds.
+    "moe-wide": ModelConfig(
+        name="moe-wide", vocab_size=256, dim=256, n_layers=2, n_heads=8, n_kv_heads=4,
+        intermediate_size=512, rope_theta=10000.0, max_seq_len=512,
+        n_experts=4, top_k=1, moe_intermediate_size=4096,
+    ),
     "moe-small": ModelConfig(
         name="moe-small", vocab_size=32000, dim=1024, n_layers=4, n_heads=16, n_kv_heads=8,
         intermediate_size=2816, rope_theta=10000.0, max_seq_len=2048,

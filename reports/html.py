@@ -23,6 +23,7 @@ from .sections import (
     timelines_figure,
 )
 from .sections import esc as _esc
+from .sections import cause_section
 from .sections import verdict_class as _verdict_class
 
 CATS = WORK_CATEGORIES
@@ -204,7 +205,7 @@ def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: d
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>commprobe report: {_esc(src['path'])}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} .communication{{color:#b00}}
-.host{{color:#a60}} .data{{color:#a60}} .compute{{color:#060}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}
+.host{{color:#a60}} .data{{color:#a60}} .imbalance{{color:#80a}} .compute{{color:#060}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}
 code{{font-size:85%}}</style>
 <script>{get_plotlyjs()}</script></head><body>
 <h1>commprobe report</h1>
@@ -215,6 +216,7 @@ threshold {result['threshold']:.0%}{_esc(_read_as(src))}.</p>
 {''.join(f'<p class="host">note: {_esc(n)}</p>' for n in src.get('reader_notes', ()))}
 <h2>Verdict{_esc(f" ({next(iter(by_backend))})") if len(by_backend) > 1 else ''}</h2><ul id="verdicts">{verdicts}</ul>
 {f'<ul id="notes">{notes}</ul>' if notes else ''}
+{cause_section(result)}
 {engine_phases_section(result)}
 <h2>How each axis was decided</h2>
 <p>declared: our spans or a process group that names its axis; inferred: from the op (allreduce: TP,

@@ -51,6 +51,14 @@ def _ratio(x) -> str:
     return "–" if x is None else f"{x:.2f}×"
 
 
+def _split(p: dict) -> str:
+    """' (transfer x, waiting y)' where the analysis told them apart."""
+    c = p.get("communication_cause")
+    if not c or c["class"] == "inconclusive":
+        return ""
+    return f" (transfer {_pct(c['transfer_share'])}, waiting {_pct(c['wait_share'])})"
+
+
 def comparison_section(by_label: dict[str, dict], comparisons: dict[str, dict]) -> str:
     """Verdict per backend (or run) and phase side by side, then per phase the breakdown of B against
     A per category (`comparisons`: label -> analysis.compare(first, that), B/A as compare wrote it)."""
@@ -64,7 +72,7 @@ def comparison_section(by_label: dict[str, dict], comparisons: dict[str, dict]) 
             p = by_label[lb]["phases"].get(ph)
             cells.append("<td>–</td>" if p is None else
                          f'<td class="{verdict_class(p["verdict"])}"><b>{esc(p["verdict"])}</b><br>exposed communication '
-                         f'{_pct(p["exposed_comm_share"])}; {esc(p["dominant"])} {_pct(p["dominant_share"])}<br>'
+                         f'{_pct(p["exposed_comm_share"])}{_split(p)}; {esc(p["dominant"])} {_pct(p["dominant_share"])}<br>'
                          f'{_us(p["e2e_us_per_window"])} µs per window</td>')
         rows.append(f"<tr><th>{esc(ph)}</th>{''.join(cells)}</tr>")
     out = [f'<h2>Comparison: {esc(" vs ".join(labels))}</h2>',
@@ -137,3 +145,41 @@ def hang_section(hang: dict | None) -> str:
     return ('<h2 class="communication">The run hung: Flight Recorder findings</h2>'
             '<table id="hang-findings"><tr><th>finding</th><th>group</th><th>op</th><th>seq</th><th>what</th>'
             f'<th>where each rank waits</th></tr>{"".join(rows)}</table>' + (f"<ul>{notes}</ul>" if notes else ""))
+
+
+def cause_rows(result: dict) -> list[dict]:
+    """Per phase with communication: the split the analysis made (cross_rank/cause.py), as display
+    rows. Nothing computed here but formatting."""
+    rows = []
+    for ph, p in result["phases"].items():
+        c = p.get("communication_cause")
+        if not c:
+            continue
+        base = c.get("baseline") or {}
+        rows.append({"phase": ph, "class": c["class"], "transfer": c["transfer_share"], "waiting": c["wait_share"],
+                     "culprit": "–" if c.get("culprit") is None else f"rank {c['culprit']}",
+                     "vs_baseline": c.get("transfer_vs_baseline"), "baseline": base.get("source", "–"),
+                     "cause": ", ".join(f"{x['cause']}" + (f" (rank {x['rank']})" if x.get("rank") is not None else "")
+                                        for x in c["causes"]) or "none",
+                     "matched": c["matched_share"]})
+    return rows
+
+
+def cause_section(result: dict) -> str:
+    """Transfer vs waiting for a late rank, per phase: the split behind the verdict."""
+    rows = cause_rows(result)
+    if not rows:
+        return ""
+    def times(x) -> str:
+        return "–" if x is None else f"{x:.2f}×"
+
+    body = "".join(
+        f"<tr><th>{esc(r['phase'])}</th><td>{esc(r['class'])}</td><td>{_pct(r['transfer'])}</td><td>{_pct(r['waiting'])}</td>"
+        f"<td>{esc(r['culprit'])}</td><td>{times(r['vs_baseline'])}</td><td>{esc(r['baseline'])}</td>"
+        f"<td>{_pct(r['matched'])}</td><td>{esc(r['cause'])}</td></tr>" for r in rows)
+    return ('<h2>Communication: transfer vs waiting for a late rank</h2><p>transfer: the last arriver\'s time in each '
+            'matched collective; waiting: the rest, spent by earlier ranks; shares of end-to-end time, averaged over '
+            'ranks. Baseline: what a call of that size takes with no one late (a sweep of this machine, or the '
+            'trace\'s own fastest calls).</p><table id="communication-cause"><tr><th>phase</th><th>class</th>'
+            '<th>transfer</th><th>waiting</th><th>culprit</th><th>transfer / baseline</th><th>baseline from</th>'
+            f'<th>calls matched</th><th>causes flagged</th></tr>{body}</table>')

@@ -42,6 +42,23 @@ def breakdown_table(result: dict, wide: bool = False) -> Table:
     return table
 
 
+def cause_table(result: dict) -> Table | None:
+    """Per phase: transfer vs waiting for a late rank (the split behind the verdict)."""
+    from .sections import cause_rows
+
+    rows = cause_rows(result)
+    if not rows:
+        return None
+    t = Table(title="Communication: transfer vs waiting (% of end-to-end)",
+              caption="baseline: a call's time with no one late (sweep, or the trace's fastest calls)")
+    for col in ("phase", "class", "transfer", "waiting", "culprit", "vs base", "causes"):
+        t.add_column(col, justify="right" if col in ("transfer", "waiting", "vs base") else "left", no_wrap=col != "causes")
+    for r in rows:
+        t.add_row(r["phase"], r["class"], f"{r['transfer']:.0%}", f"{r['waiting']:.0%}", r["culprit"],
+                  "–" if r["vs_baseline"] is None else f"{r['vs_baseline']:.2f}×", r["cause"])
+    return t
+
+
 def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
     src = result["source"]
     console.print(f"[bold]commprobe analyze[/]: {escape(src['path'])} ({len(src['files'])} rank trace(s), "
@@ -52,14 +69,17 @@ def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
     for note in src.get("reader_notes", ()):
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     for phase, p in result["phases"].items():
-        style = {Verdict.COMMUNICATION: "bold red", Verdict.HOST: "bold yellow", Verdict.DATA_MOVEMENT: "bold yellow"}.get(
-            p["verdict"], "bold green")
+        style = {Verdict.COMMUNICATION: "bold red", Verdict.HOST: "bold yellow", Verdict.DATA_MOVEMENT: "bold yellow",
+                 Verdict.IMBALANCE: "bold magenta", Verdict.MIXED: "bold magenta"}.get(p["verdict"], "bold green")
         console.print(f"[{style}]{escape(p['summary'])}[/]", highlight=False)
         for rec in p["recommendations"]:
             console.print(f"  - {escape(rec)}", highlight=False)
         for note in p.get("notes", []):
             console.print(f"  note: {escape(note)}", highlight=False)
     console.print(breakdown_table(result, wide))
+    split = cause_table(result)
+    if split is not None:
+        console.print(split)
     coll = result["collectives"]
     if coll["matched_calls"]:
         t = Table(title=f"Collectives matched across ranks: {coll['matched_calls']} calls"
@@ -125,6 +145,13 @@ def render_compare(result: dict, console: Console) -> None:
         for c, v in p["categories"].items():
             if v["a_us"] or v["b_us"]:
                 t.add_row("", c, f"{v['a_us']:.0f}", f"{v['b_us']:.0f}", _r(v["ratio"]))
+        split = p.get("split") or {}
+        if "a" in split and "b" in split:  # shares of end-to-end, as the analyses wrote them
+            for part, key in (("  of it transfer", "transfer_share"), ("  of it waiting", "wait_share")):
+                a, b = split["a"][key] or 0.0, split["b"][key] or 0.0
+                t.add_row("", f"{part} (% e2e)", f"{a:.0%}", f"{b:.0%}", "")
+        if p["a_verdict"] != p["b_verdict"]:
+            t.add_row("", "verdict", p["a_verdict"], p["b_verdict"], "")
     console.print(t)
     if result["message_sizes"]:
         t = Table(title="Collective median latency by message size")
@@ -224,3 +251,42 @@ def render_time_sharing(rows: list[dict], world: int, cores: int, backend: str, 
     console.print(table)
     console.print("extra = (all ranks - ranks/cores x one per core) / (ranks/cores - 1); "
                   "`commprobe plan calibrate` reads the --json rows", highlight=False)
+
+
+def render_diagnosis(res: dict, console: Console) -> None:
+    """`commprobe bench diagnosis`: every case, the confusion matrix, accuracy, time found vs
+    injected and the smallest dose detected per cause."""
+    t = Table(title="Cases (expected cause/culprit → given; verdict of the scored phase)")
+    for col in ("", "layout", "backend", "fault", "dose", "expected", "given", "verdict"):
+        t.add_column(col, no_wrap=col != "verdict")
+    for c in res["cases"]:
+        exp = c["expect"] + (f" r{c['culprit']}" if c["culprit"] is not None else "")
+        got = c["given"] + (f" r{c['given_culprit']}" if c["given_culprit"] is not None else "")
+        t.add_row("ok" if c["right"] else "[red]WRONG[/]", c["layout"], c["backend"], escape(c["spec"] or "healthy"),
+                  c["dose_name"], exp, got, escape(c["verdict"]))
+    console.print(t)
+    labels = list(res["matrix"])
+    m = Table(title="Confusion matrix: expected (rows) vs given (columns)")
+    m.add_column("expected \\ given")
+    for g in labels:
+        m.add_column(g, justify="right")
+    for e in labels:
+        m.add_row(e, *(str(res["matrix"][e][g]) for g in labels))
+    console.print(m)
+    if res["time_found"]:
+        f = Table(title="Time found vs injected (µs per window; found = faulty run minus healthy run)")
+        for col in ("fault", "layout", "backend", "injected", "found", "error"):
+            f.add_column(col, justify="right" if col in ("injected", "found", "error") else "left")
+        for r in res["time_found"]:
+            f.add_row(escape(r["spec"]), r["layout"], r["backend"], f"{r['injected_us']:.0f}", f"{r['found_us']:.0f}",
+                      f"{r['error']:+.1%}")
+        console.print(f)
+    s = Table(title="Smallest dose detected")
+    s.add_column("cause (layout, backend)")
+    s.add_column("smallest dose detected")
+    for k, v in res["smallest_detected"].items():
+        s.add_row(k, escape(v["spec"]) if v["spec"] else "[red]none[/]")
+    console.print(s)
+    console.print(f"accuracy {res['accuracy']:.1%} ({res['right']}/{res['total']} right on cause, culprit and axis); "
+                  f"healthy runs flagged: {res['healthy_flagged']} of {res['healthy']}; {res['seconds']:.0f} s",
+                  highlight=False)

@@ -154,7 +154,14 @@ def test_injected_delays_are_attributed_within_ten_percent(tmp_path):
     assert c["straggler"] == 1
     assert c["ranks"][0]["wait_us"] == pytest.approx(injected, rel=0.1)
     assert c["ranks"][1]["wait_us"] < 0.1 * injected
-    assert before["phases"]["decode"]["verdict"] == "communication-bound"
+    # The verdict names the cause: waiting for rank 1 is imbalance, not the collective (transfer).
+    dec = before["phases"]["decode"]
+    assert dec["verdict"] == "imbalance-bound", dec["summary"]
+    assert dec["communication_cause"]["class"] == "skew-dominated" and dec["communication_cause"]["culprit"] == 1
+    assert "rank 1" in dec["summary"] and any("rank 1" in r for r in dec["recommendations"])
+    ins = inside["phases"]["decode"]
+    assert ins["verdict"] == "communication-bound" and ins["communication_cause"]["class"] == "transfer-dominated"
+    assert ins["communication_cause"]["culprit"] is None
     # ... and per phase: the decode phase's exposed allreduce on rank 0 is that wait.
     dec0 = before["ranks"][0]["phases"]["decode"]["categories"]["tp_allreduce"]
     assert dec0["exposed_wait_us"] == pytest.approx(injected, rel=0.1)

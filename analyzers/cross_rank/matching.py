@@ -42,7 +42,8 @@ def align_offsets(calls_by_rank: dict[int, Calls]) -> dict[int, float]:
 def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = None) -> dict:
     """Calls with the same key on every rank are one collective; the last to arrive sets the
     transfer time, the rest of each rank's duration is waiting for it. `_waits` holds, per rank,
-    (wait, transfer) arrays parallel to its calls (NaN where unmatched)."""
+    (wait, transfer, last) arrays parallel to its calls: NaN wait and transfer where unmatched;
+    `last` the rank that arrived last at that call (-1 where unmatched)."""
     offsets = offsets or {r: 0.0 for r in calls_by_rank}
     ranks = sorted(calls_by_rank)
     keys = _global_keys(calls_by_rank)
@@ -56,6 +57,7 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     full = size == len(ranks) if len(ranks) >= 2 else np.zeros(len(first), bool)
     wait = np.full(len(key), np.nan)
     transfer = np.full(len(key), np.nan)
+    last_rank = np.full(len(key), -1, np.int64)
     nr = len(ranks)
     per = {"transfer_us": np.zeros(nr), "wait_us": np.zeros(nr), "calls": np.zeros(nr, np.int64),
            "times_last": np.zeros(nr, np.int64), "caused_wait_us": np.zeros(nr)}
@@ -68,6 +70,7 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
         m = members.reshape(-1)
         w = np.maximum(0.0, dur[m] - t)
         wait[m], transfer[m] = w, t
+        last_rank[m] = np.repeat(np.asarray(ranks, np.int64)[rank_pos[last]], nr)
         per["transfer_us"] = np.bincount(rank_pos[m], dur[m] - w, nr)
         per["wait_us"] = np.bincount(rank_pos[m], w, nr)
         per["calls"] = np.bincount(rank_pos[m], minlength=nr)
@@ -80,7 +83,8 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     if straggler is not None and per["caused_wait_us"].max() == 0:
         straggler = None
     bounds = np.cumsum([0] + [len(calls_by_rank[r]) for r in ranks])
-    waits = {r: (wait[bounds[i]:bounds[i + 1]], transfer[bounds[i]:bounds[i + 1]]) for i, r in enumerate(ranks)}
+    waits = {r: (wait[bounds[i]:bounds[i + 1]], transfer[bounds[i]:bounds[i + 1]], last_rank[bounds[i]:bounds[i + 1]])
+             for i, r in enumerate(ranks)}
     return {"matched_calls": matched, "ranks": rows, "straggler": straggler,
             "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits}
 

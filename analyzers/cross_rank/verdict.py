@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from commprobe.common.vocab import AXIS_OF, COMM_CATS, WORK_CATEGORIES, Verdict
 from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 
+from . import cause as causes
+
 IDLE_BOUND = 0.5  # a timeline idle more than this share of a phase is not bound by what runs on it
 MIN_BUSY_SHARE = 0.01  # windows with less recorded work than this share of their time: no verdict
 MIN_IN_WINDOWS_PCT = 90.0  # below this share of a rank's work inside its windows, the phase summary says so
@@ -40,6 +42,33 @@ class Facts:
     threshold: float
     provenance: dict
     axes: dict  # per communication category, calls per axis
+    cause: dict | None = None  # cross_rank/cause.diagnose: transfer vs waiting, culprit, baseline
+
+    @property
+    def told(self) -> bool:
+        """Whether transfer and waiting could be told apart (calls matched across ranks)."""
+        return bool(self.cause) and self.cause["class"] != "inconclusive"
+
+    @property
+    def transfer(self) -> float:
+        """Exposed communication that is transfer, as a share of end-to-end time (all of it where
+        transfer and waiting cannot be told apart)."""
+        return min(self.comm, self.cause["transfer_share"]) if self.told else self.comm
+
+    @property
+    def waiting(self) -> float:
+        return min(self.comm, self.cause["wait_share"]) if self.told else 0.0
+
+    @property
+    def lead(self) -> str:
+        """What the exposed communication is mostly: 'transfer', 'waiting' or 'both'. A part above
+        the threshold alone decides; where neither part is, the class does (2/3 of it)."""
+        if not self.told:
+            return "transfer"
+        t, w = self.transfer > self.threshold, self.waiting > self.threshold
+        if t or w:
+            return "both" if t and w else "transfer" if t else "waiting"
+        return {"transfer-dominated": "transfer", "skew-dominated": "waiting"}.get(self.cause["class"], "both")
 
     @property
     def busy(self) -> float:
@@ -83,12 +112,38 @@ def _device_idle(f: Facts):
                             f"(exposed communication {f.comm:.0%})")
 
 
+def _split(f: Facts) -> str:
+    return f"; {causes.describe(f.cause)}" if f.cause else ""
+
+
 def _communication(f: Facts):
     host = "; host timeline only" if not f.device else ""
     return f.top_comm, f.shares[f.top_comm], (
         f"{f.phase} is communication-bound: exposed communication is {f.comm:.0%} of end-to-end latency (threshold "
         f"{f.threshold:.0%}), {LABEL[f.top_comm]} {f.shares[f.top_comm]:.0%}{axes_note(f.top_comm, f.axes)}"
-        f"{axis_note(f.top_comm, f.provenance)}{host}")
+        f"{axis_note(f.top_comm, f.provenance)}{_split(f)}{host}")
+
+
+def _culprit_words(f: Facts) -> str:
+    c = f.cause or {}
+    if c.get("culprit") is None:
+        return "the waiting is spread over ranks (arrival jitter, no one slow rank)"
+    return (f"rank {c['culprit']} arrives last (it caused {c['wait_caused_by'].get(str(c['culprit']), 0):.0%} of the "
+            f"waiting): it spends {causes.doing_words(c.get('culprit_doing') or {})}")
+
+
+def _imbalance(f: Facts):
+    return f.top_comm, f.shares[f.top_comm], (
+        f"{f.phase} is imbalance-bound: exposed communication is {f.comm:.0%} of end-to-end latency, of which "
+        f"{f.waiting:.0%} is waiting for a late rank and {f.transfer:.0%} transfer (threshold {f.threshold:.0%}); "
+        f"{_culprit_words(f)}")
+
+
+def _mixed(f: Facts):
+    return f.top_comm, f.shares[f.top_comm], (
+        f"{f.phase} is communication- and imbalance-bound: exposed communication is {f.comm:.0%} of end-to-end latency "
+        f"(threshold {f.threshold:.0%}): transfer {f.transfer:.0%}, waiting for a late rank {f.waiting:.0%}; "
+        f"{_culprit_words(f)}")
 
 
 def _host_waiting(f: Facts):
@@ -131,8 +186,15 @@ RULES: tuple[Rule, ...] = (
          lambda f: f.busy < MIN_BUSY_SHARE, _empty),
     Rule("device idle", f"a device timeline idle over {IDLE_BOUND:.0%} of the window", Verdict.HOST,
          lambda f: f.device and f.idle > IDLE_BOUND, _device_idle),
-    Rule("exposed communication", "exposed communication above the threshold", Verdict.COMMUNICATION,
-         lambda f: f.comm > f.threshold, _communication),
+    Rule("exposed transfer", "exposed communication above the threshold and mostly transfer: its transfer part "
+         "above the threshold and its waiting part not, or neither alone and transfer at least 2/3 of it (or transfer "
+         "and waiting not told apart: no call matched across ranks)", Verdict.COMMUNICATION,
+         lambda f: f.comm > f.threshold and f.lead == "transfer", _communication),
+    Rule("waiting for a late rank", "exposed communication above the threshold and mostly waiting: its waiting part "
+         "above the threshold and its transfer part not, or neither alone and waiting at least 2/3 of it",
+         Verdict.IMBALANCE, lambda f: f.comm > f.threshold and f.lead == "waiting", _imbalance),
+    Rule("transfer and waiting", "exposed communication above the threshold: transfer and waiting both above it, or "
+         "neither alone and neither 2/3 of it", Verdict.MIXED, lambda f: f.comm > f.threshold, _mixed),
     Rule("host idle", f"a host timeline (no device activity) idle over {IDLE_BOUND:.0%} of the window", Verdict.UNKNOWN,
          lambda f: not f.device and f.idle > IDLE_BOUND, _host_waiting),
     Rule("copies over compute", "a device timeline whose copies and memsets exceed compute and other work",
@@ -202,9 +264,11 @@ def copy_direction_of(rows: list[dict]) -> str:
 
 
 def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict],
-                  provenance: dict | None = None, graphs: dict | None = None, axes: dict | None = None) -> dict:
+                  provenance: dict | None = None, graphs: dict | None = None, axes: dict | None = None,
+                  baseline: dict | None = None) -> dict:
     """Per phase: its shares over the ranks, the verdict of the first rule that holds, advice.
-    `axes`: per communication category, calls per axis (other communication may be DP)."""
+    `axes`: per communication category, calls per axis (other communication may be DP);
+    `baseline`: how the zero-skew transfer times were found (cross_rank/cause.py)."""
     provenance, graphs, axes = provenance or {}, graphs or {}, axes or {}
     out = {}
     names = sorted({p for r in ranks for p in r["phases"]},
@@ -228,7 +292,9 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         graph = _graph_state(graphs, rows)
         busy_us = sum(r["phases"][phase]["e2e_us"] - r["phases"][phase]["idle_us"] for r in rows) / max(
             1, sum(r["phases"][phase]["windows"] for r in rows))
-        facts = Facts(phase, shares, idle, comm_share, top_comm, device, graph, busy_us, threshold, provenance, axes)
+        diag = causes.diagnose(rows, phase, baseline) if comm_share > 0 else None
+        facts = Facts(phase, shares, idle, comm_share, top_comm, device, graph, busy_us, threshold, provenance, axes,
+                      diag)
         rule, dominant, share, summary = judge(facts)
         verdict = rule.verdict
         way = copy_direction_of(rows) if verdict is Verdict.DATA_MOVEMENT else None
@@ -256,9 +322,10 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             "summary": summary,
             "notes": notes,
             "graphs": graph,
+            "communication_cause": diag,
             "recommendations": [] if verdict is Verdict.UNKNOWN else recommend(phase, shares, idle, device, threshold, matched, buckets,
                                                           provenance, graph, copies=way if verdict is Verdict.DATA_MOVEMENT
-                                                          else None),
+                                                          else None, cause=diag),
         }
     return out
 
@@ -281,13 +348,23 @@ def _window_notes(rows: list[dict], phase: str) -> list[str]:
     return out
 
 
+def _transfer_of(cat: str, shares: dict, cause: dict | None) -> float:
+    """A category's exposed share that is transfer (all of it where waiting cannot be told apart):
+    advice on the collective itself rests on this, not on time spent waiting for a late rank."""
+    one = ((cause or {}).get("by_category") or {}).get(cat)
+    if not one or one["class"] == "inconclusive":
+        return shares[cat]
+    return min(shares[cat], one["transfer_share"])
+
+
 def recommend(phase, shares, idle, device, threshold, matched, buckets, provenance=None, graph="none",
-              copies: str | None = None) -> list[str]:
+              copies: str | None = None, cause: dict | None = None) -> list[str]:
     """Advice per phase. Axis-specific advice only for an axis the trace declares or its ops imply
-    (a category exists only then); communication of unknown axis gets no axis's advice."""
+    (a category exists only then); communication of unknown axis gets no axis's advice. Advice on
+    a collective rests on its transfer time; waiting for a late rank gets advice on that rank."""
     provenance = provenance or {}
     recs = []
-    tp = shares["tp_allreduce"]
+    tp = _transfer_of("tp_allreduce", shares, cause)
     if tp > threshold / 2:
         sizes = [b for b in buckets if b["category"] == "tp_allreduce"]
         if sizes:
@@ -301,21 +378,27 @@ def recommend(phase, shares, idle, device, threshold, matched, buckets, provenan
                 recs.append(f"TP allreduce{axis_note('tp_allreduce', provenance)} takes {tp:.0%} of {phase} at "
                             f"{med['bucket_bytes'] >> 20} MiB messages: use a "
                             f"two-shot allreduce or overlap it with the next layer's compute")
-    if shares["ep_all_to_all"] > threshold / 2:
+    if _transfer_of("ep_all_to_all", shares, cause) > threshold / 2:
         recs.append(f"EP all-to-all{axis_note('ep_all_to_all', provenance)} is exposed for "
                     f"{shares['ep_all_to_all']:.0%} of {phase}: overlap dispatch/combine "
                     f"with expert compute (micro-batch overlap, low-latency all-to-all kernels)")
-    if shares["cp_ring"] > threshold / 2:
+    if _transfer_of("cp_ring", shares, cause) > threshold / 2:
         recs.append(f"CP ring steps are exposed for {shares['cp_ring']:.0%} of {phase}: overlap the next block's "
                     f"send/recv with attention on the current one, or switch pass-KV/pass-Q")
-    for r in matched.get("ranks", []):
-        comm = r["transfer_us"] + r["wait_us"]
-        if (comm > 0 and r["wait_us"] > r["transfer_us"] and matched.get("straggler") is not None
-                and r["rank"] != matched["straggler"]):
-            s = matched["straggler"]
-            recs.append(f"rank {r['rank']} spends {r['wait_us'] / comm:.0%} of its communication time waiting for rank "
-                        f"{s} (the straggler): fix rank {s}'s imbalance before tuning collectives")
-            break
+    for c in (cause or {}).get("causes", []):
+        if c["cause"] == "skew" and c["rank"] is not None:
+            doing = causes.doing_words(cause.get("culprit_doing") or {})
+            recs.append(f"the ranks wait {c['share']:.0%} of {phase} for rank {c['rank']}, which spends {doing}: fix "
+                        f"rank {c['rank']}'s imbalance (its compute, its host, or the work routed to it) before tuning "
+                        f"collectives")
+        elif c["cause"] == "skew":
+            recs.append(f"the ranks wait {c['share']:.0%} of {phase} in collectives for whichever rank is late, no one "
+                        f"rank more than the others: per-call arrival jitter; look for host noise on every rank (other "
+                        f"processes on the cores, Python GC, CPU frequency, interrupts) and pin ranks to cores")
+        elif c["cause"] == "slow-transfer":
+            recs.append(f"{LABEL.get(c.get('category', ''), 'communication')} transfer runs {c['ratio']:.1f}× this "
+                        f"machine's zero-skew baseline for these sizes ({c['share']:.0%} of {phase} above it): the "
+                        f"transport is slower than it measures alone; check the link, topology, and what else shares it")
     other = provenance.get("other_comm") or {}
     if shares["other_comm"] > threshold / 2 and other.get("unknown"):
         recs.append(f"communication of unknown axis (p2p send/recv or collectives on unnamed groups) is exposed for "

@@ -1,0 +1,339 @@
+"""Why the collectives take their time: transfer (the collective itself) or skew (waiting for a
+late rank), per phase and per communication category, with the rule that decided it.
+
+A matched call's time splits into transfer (the last arriver's duration: it waited for no one)
+and waiting (the rest of each earlier rank's duration; cross_rank/matching.py). Transfer is then
+set against a **zero-skew baseline**: what a call of that op and size takes on this machine with
+no one late, from a sweep (`commprobe bench collectives --json`, passed as `--calibration`) or,
+where there is none, the trace's own fastest calls (10th percentile per op and size bucket). A
+uniformly slower transport cannot be told from the trace alone (every call is slower, its p10
+too): the rule names which baseline was used.
+
+Classes (shares of the phase's exposed communication, averaged over ranks):
+    transfer-dominated   transfer >= 2/3         skew-dominated   waiting >= 2/3
+    mixed                neither                 inconclusive     under half the calls matched
+                                                                  (one rank's trace, ranks missing)
+Causes, flagged only above a bar measured against this machine's run-to-run noise
+(`commprobe bench diagnosis`; README "How accurate is the verdict"):
+    skew           waiting >= SKEW_BAR of end-to-end time and one rank caused >= CULPRIT_SHARE of
+                   it (the culprit); or, with no culprit, arrival jitter: waiting >= SPREAD_BAR,
+                   >= 2/3 of the communication, and steady over the calls (coefficient of variation
+                   <= STEADY_CV; the machine's own bursts, a few long waits, vary more). With two
+                   ranks each pausing 0..D at random, waiting cannot pass 1/4 of the time.
+    slow-transfer  transfer >= SLOW_RATIO x the calibration's median (or its p90/p50 spread, where
+                   wider), the excess >= SLOW_BAR of end-to-end time; only with a calibration
+The culprit's own time is compared with the other ranks' median per window (compute, other work,
+copies, idle = time outside any recorded op): what it does while the others wait.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from commprobe.common.errors import InputError
+from commprobe.common.vocab import COMM_CATS
+from commprobe.common.vocab import CATEGORY_LABEL as LABEL
+
+DOMINATES = 2 / 3
+MIN_MATCHED = 0.5
+CULPRIT_SHARE = 0.75
+SKEW_BAR = 0.25
+SPREAD_BAR = 0.15
+STEADY_CV = 1.75  # two ranks pausing 0..D at random before each call: waits vary with CV sqrt(2) = 1.41
+SLOW_RATIO = 2.0
+SLOW_BAR = 0.1
+TRACE_PERCENTILE = 10
+DOING = ("compute", "other", "memcpy", "idle")
+
+
+class CalibrationError(InputError):
+    pass
+
+
+def read_calibration(path: str | Path) -> list[dict]:
+    """Rows of `commprobe bench collectives --json` (backend, op, bytes, world, time_us): a list,
+    or an object with them under "rows". One line for anything else."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CalibrationError(f"{path}: not a calibration file ({type(e).__name__})") from None
+    rows = doc.get("rows") if isinstance(doc, dict) else doc
+    ok = []
+    for r in rows if isinstance(rows, list) else []:
+        try:
+            row = {"backend": str(r["backend"]), "op": str(r["op"]), "bytes": int(r["bytes"]),
+                   "world": int(r.get("world", 0)), "time_us": float(r["time_us"])}
+            batches = [float(b) for b in r.get("batches_us") or [] if float(b) > 0]
+            row["p90_us"] = float(r.get("p90_us") or (np.percentile(batches, 90) if len(batches) >= 3 else row["time_us"]))
+            row["count"] = max(1, int(r.get("count") or 1))
+        except (TypeError, KeyError, ValueError, OverflowError):
+            continue
+        if row["bytes"] > 0 and math.isfinite(row["time_us"]) and row["time_us"] > 0:
+            ok.append(row)
+    if not ok:
+        raise CalibrationError(f"{path}: no sweep rows (backend, op, bytes, time_us): write one with "
+                               f"`commprobe bench collectives --json > FILE`")
+    return ok
+
+
+def _backend_of(manifest: dict | None, rows: list[dict]) -> str | None:
+    b = (manifest or {}).get("backend")
+    if isinstance(b, list):
+        b = b[0] if len(b) == 1 else None
+    if b:
+        return str(b)
+    names = {r["backend"] for r in rows}
+    return names.pop() if len(names) == 1 else None
+
+
+def _sweep_lookup(rows: list[dict], backend: str, op: str, world: int, nbytes: np.ndarray) -> np.ndarray:
+    """Per call, the sweep's time at that size (log-log interpolation, clamped to the sweep's ends);
+    NaN where the sweep has no row for the op."""
+    pts = [r for r in rows if r["backend"] == backend and r["op"] == op and (r["world"] in (0, world))]
+    if not pts:
+        return np.full(len(nbytes), np.nan)
+    by = {}
+    for r in pts:
+        by.setdefault(r["bytes"], []).append(r["time_us"])
+    xs = np.log(np.array(sorted(by), float))
+    ys = np.log(np.array([float(np.median(by[b])) for b in sorted(by)]))
+    x = np.log(np.maximum(nbytes, 1.0))
+    return np.where(np.isnan(nbytes), np.nan, np.exp(np.interp(x, xs, ys)))
+
+
+def _spread(rows: list[dict], backend: str) -> float:
+    """The calibration's own run-to-run spread: p90 over median per row, the median over its calls
+    (rows weighted by their call counts, so a size seen a few times does not set it)."""
+    pts = sorted((r["p90_us"] / r["time_us"], r.get("count", 1)) for r in rows
+                 if r["backend"] == backend and r.get("p90_us") and r["time_us"] > 0)
+    if not pts:
+        return 1.0
+    half, seen = sum(n for _, n in pts) / 2, 0
+    for spread, n in pts:
+        seen += n
+        if seen >= half:
+            return float(spread)
+    return float(pts[-1][0])
+
+
+def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
+                   manifest: dict | None) -> tuple[dict, dict]:
+    """Per rank, an array parallel to its calls: the zero-skew transfer time of each call (µs; NaN
+    where none is known); and how it was found."""
+    out = {r: np.full(len(c), np.nan) for r, c in calls.items()}
+    backend = _backend_of(manifest, calibration) if calibration else None
+    if calibration and backend:
+        for r, c in calls.items():
+            if not len(c):
+                continue
+            ops = np.array([k[0] for k in c.kinds] or [""], dtype=object)[c.kind]
+            for op in set(ops.tolist()):
+                sel = ops == op
+                sizes = c.bytes[sel].astype(float)
+                gs = int(np.median(c.group_size[sel])) if sel.any() else 0
+                out[r][sel] = _sweep_lookup(calibration, backend, op, gs or len(calls), sizes)
+        return out, {"source": "sweep", "backend": backend, "spread": _spread(calibration, backend),
+                     "rule": f"zero-skew baseline: this machine's calibration of {backend} (a `commprobe bench "
+                             f"collectives` sweep, or a healthy run's median transfer), interpolated at each call's size"}
+    # the trace's own fastest matched calls per (op, size bucket)
+    samples: dict[tuple, list] = {}
+    keyed = {}
+    for r, c in calls.items():
+        if not len(c):
+            continue
+        ops = np.array([k[0] for k in c.kinds] or [""], dtype=object)[c.kind]
+        bucket = np.where(c.bytes > 0, np.ceil(np.log2(np.maximum(c.bytes, 1))), -1).astype(np.int64)
+        keyed[r] = list(zip(ops.tolist(), bucket.tolist()))
+        if r in waits:
+            for key, t in zip(keyed[r], waits[r][1].tolist()):
+                if key[1] >= 0 and t == t:  # a known size, a matched call
+                    samples.setdefault(key, []).append(t)
+    table = {k: float(np.percentile(v, TRACE_PERCENTILE)) for k, v in samples.items()}
+    for r, keys in keyed.items():
+        out[r] = np.array([table.get(k, np.nan) for k in keys], float)
+    why = "with no sweep of this machine" if not calibration else "the sweep names no backend of this trace"
+    return out, {"source": "trace", "backend": None, "spread": None,
+                 "rule": f"zero-skew baseline: this trace's own fastest calls ({TRACE_PERCENTILE}th percentile of "
+                         f"transfer per op and size bucket), {why}: a slower transport cannot be told from this "
+                         f"machine's floor, so none is flagged"}
+
+
+def _empty() -> dict:
+    return {"calls": 0, "matched": 0, "transfer_us": 0.0, "baseline_us": 0.0, "baseline_calls": 0,
+            "log_ratio_sum": 0.0, "wait_sq_sum": 0.0, "wait_by_last": {}}
+
+
+def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, base: np.ndarray) -> None:
+    """Add a rank's calls `sel` (in the phase's windows, of category `cat`) to its phase's
+    `comm_calls[cat]`: calls, matched, matched transfer, baseline, and waiting per last arriver."""
+    acc = rk["phases"][phase].setdefault("comm_calls", {}).setdefault(cat, _empty())
+    wait, transfer, last = waits
+    m = sel & ~np.isnan(transfer)
+    acc["calls"] += int(sel.sum())
+    acc["matched"] += int(m.sum())
+    acc["transfer_us"] += float(transfer[m].sum())
+    b = m & ~np.isnan(base) & (base > 0) & (transfer > 0)
+    acc["baseline_us"] += float(base[b].sum())
+    acc["baseline_calls"] += int(b.sum())
+    acc["log_ratio_sum"] += float(np.log(transfer[b] / base[b]).sum())
+    acc["wait_sq_sum"] += float(np.square(wait[m]).sum())
+    w = m & (wait > 0)
+    if w.any():
+        who, at = np.unique(last[w], return_inverse=True)
+        for rank, us in zip(who.tolist(), np.bincount(at.reshape(-1), wait[w]).tolist()):
+            acc["wait_by_last"][str(rank)] = acc["wait_by_last"].get(str(rank), 0.0) + us
+
+
+def _doing(rows: list[dict], phase: str, culprit: int) -> dict:
+    """The culprit's time per window minus the other ranks' median, per kind of work and idle."""
+    def per_window(r, what):
+        p = r["phases"][phase]
+        v = p["idle_us"] if what == "idle" else p["categories"][what]["exposed_us"]
+        return v / max(1, p["windows"])
+
+    mine = next(r for r in rows if r["rank"] == culprit)
+    others = [r for r in rows if r["rank"] != culprit]
+    return {w: per_window(mine, w) - float(np.median([per_window(o, w) for o in others])) for w in DOING} if others else {}
+
+
+def _classify(transfer: float, wait: float, matched_share: float, ranks: int) -> str:
+    if ranks < 2 or matched_share < MIN_MATCHED:
+        return "inconclusive"
+    total = transfer + wait
+    if total <= 0:
+        return "inconclusive"
+    return ("skew-dominated" if wait >= DOMINATES * total else
+            "transfer-dominated" if transfer >= DOMINATES * total else "mixed")
+
+
+def slow_ratio(baseline: dict | None) -> float | None:
+    """The transfer / baseline ratio from which a slower transport is flagged: SLOW_RATIO, or the
+    calibration's own spread (its p90 over its median) where that is wider; None without a
+    calibration of this machine (the trace's own fastest calls cannot tell a slower transport)."""
+    if not baseline or baseline.get("source") != "sweep":
+        return None
+    return max(SLOW_RATIO, baseline.get("spread") or 1.0)
+
+
+def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | None = None) -> dict:
+    """Numbers and class for the phase's communication in `cats` (one category, or all)."""
+    n = len(rows)
+    e2e = sum(r["phases"][phase]["e2e_us"] / max(1, r["phases"][phase]["windows"]) for r in rows) / n
+    exposed = wait = 0.0
+    calls = matched = base_calls = 0
+    log_ratio = 0.0
+    wait_sum = wait_sq = 0.0
+    caused: dict[str, float] = {}
+    for r in rows:
+        p = r["phases"][phase]
+        wn = max(1, p["windows"])
+        for c in cats:
+            exposed += p["categories"][c]["exposed_us"] / wn / n
+            wait += p["categories"][c].get("exposed_wait_us", 0.0) / wn / n
+            acc = (p.get("comm_calls") or {}).get(c)
+            if acc:
+                calls += acc["calls"]
+                matched += acc["matched"]
+                base_calls += acc["baseline_calls"]
+                log_ratio += acc.get("log_ratio_sum", 0.0)
+                for who, us in acc["wait_by_last"].items():
+                    caused[who] = caused.get(who, 0.0) + us
+                    wait_sum += us
+                wait_sq += acc.get("wait_sq_sum", 0.0)
+    transfer = max(0.0, exposed - wait)
+    matched_share = matched / calls if calls else 0.0
+    # how steady the waiting is over the calls: its coefficient of variation (a few long waits,
+    # the machine's bursts, vary far more than a wait at every call)
+    mean_w = wait_sum / matched if matched else 0.0
+    cv = math.sqrt(max(0.0, wait_sq / matched - mean_w ** 2)) / mean_w if matched and mean_w > 0 else None
+    ratio = math.exp(log_ratio / base_calls) if base_calls else None  # geometric mean of transfer / baseline
+    excess = transfer * max(0.0, 1 - 1 / ratio) if ratio else 0.0
+    total_caused = sum(caused.values())
+    shares = {k: v / total_caused for k, v in sorted(caused.items(), key=lambda kv: -kv[1])} if total_caused else {}
+    culprit = next((int(k) for k, v in shares.items() if v >= CULPRIT_SHARE), None)
+    cls = _classify(transfer, wait, matched_share, n)
+    windows = max(1, rows[0]["phases"][phase]["windows"])
+    caused_us = {k: v / windows for k, v in sorted(caused.items(), key=lambda kv: -kv[1])}
+    out = {"class": cls, "e2e_us_per_window": e2e, "exposed_us_per_window": exposed,
+           "transfer_us_per_window": transfer, "wait_us_per_window": wait,
+           "transfer_share": transfer / e2e if e2e else 0.0, "wait_share": wait / e2e if e2e else 0.0,
+           "calls": calls, "matched_share": matched_share, "transfer_vs_baseline": ratio,
+           "excess_transfer_share": excess / e2e if e2e else 0.0, "wait_caused_by": shares,
+           "wait_caused_us_per_window": caused_us, "wait_cv": cv, "culprit": culprit}
+    causes = []
+    if cls != "inconclusive" and e2e:
+        ws = wait / e2e
+        steady = cv is not None and cv <= STEADY_CV
+        if (ws >= SKEW_BAR if culprit is not None else ws >= SPREAD_BAR and cls == "skew-dominated" and steady):
+            causes.append({"cause": "skew", "rank": culprit, "share": ws, "us_per_window": wait})
+        bar = slow_ratio(baseline)
+        if ratio is not None and bar is not None and ratio >= bar and excess / e2e >= SLOW_BAR:
+            causes.append({"cause": "slow-transfer", "share": excess / e2e, "us_per_window": excess, "ratio": ratio})
+    causes.sort(key=lambda c: -c["share"])
+    out["causes"] = causes
+    if culprit is not None:
+        out["culprit_doing"] = _doing(rows, phase, culprit)
+    return out
+
+
+def diagnose(rows: list[dict], phase: str, baseline: dict | None) -> dict:
+    """The phase's communication cause: over all its communication, and per category that has
+    time (each category is one axis's groups)."""
+    out = _one(rows, phase, COMM_CATS, baseline)
+    by = {}
+    for c in COMM_CATS:
+        if any(r["phases"][phase]["categories"][c]["exposed_us"] > 0 for r in rows):
+            one = _one(rows, phase, (c,), baseline)
+            by[c] = {k: v for k, v in one.items() if k != "e2e_us_per_window"}
+    out["by_category"] = by
+    for cause in out["causes"]:  # the axis a cause is on: the category with most of it
+        key = "wait_us_per_window" if cause["cause"] == "skew" else "transfer_us_per_window"
+        if by:
+            cause["category"] = max(by, key=lambda c: by[c][key] * (1 if cause["cause"] == "skew" else max(
+                0.0, 1 - 1 / (by[c]["transfer_vs_baseline"] or 1e9))))
+    out["cause"] = out["causes"][0]["cause"] if out["causes"] else "none"
+    out["baseline"] = baseline or {}
+    bar = slow_ratio(baseline)
+    out["rule"] = (f"transfer = the last arriver's time in each matched call, waiting = the rest; class by share of "
+                   f"exposed communication (≥ {DOMINATES:.0%} transfer or waiting dominates; under {MIN_MATCHED:.0%} "
+                   f"of calls matched: inconclusive); skew flagged at ≥ {SKEW_BAR:.0%} of end-to-end time with one "
+                   f"rank causing ≥ {CULPRIT_SHARE:.0%} of the waiting, or ≥ {SPREAD_BAR:.0%} without one if steady "
+                   f"over the calls (coefficient of variation ≤ {STEADY_CV}); "
+                   + (f"slow transfer at ≥ {bar:.2g}× the baseline and ≥ {SLOW_BAR:.0%} of end-to-end time"
+                      if bar else "slow transfer not flagged: no calibration of this machine"))
+    return out
+
+
+def describe(d: dict) -> str:
+    """The split in words: for summaries, the terminal and the report."""
+    if d["class"] == "inconclusive":
+        why = ("one rank's trace: no call can be matched" if d["matched_share"] == 0
+               else f"{d['matched_share']:.0%} of calls matched")
+        return f"transfer vs waiting cannot be told ({why})"
+    s = f"transfer {d['transfer_share']:.0%}, waiting {d['wait_share']:.0%} of end-to-end"
+    if d.get("culprit") is not None and d["wait_share"] > 0:
+        s += f" (rank {d['culprit']} caused {d['wait_caused_by'].get(str(d['culprit']), 0):.0%} of the waiting)"
+    elif d["wait_caused_by"] and d["wait_share"] > 0:
+        s += " (waiting spread over ranks: " + ", ".join(
+            f"rank {k} {v:.0%}" for k, v in list(d["wait_caused_by"].items())[:4]) + ")"
+    if d.get("transfer_vs_baseline"):
+        s += f"; transfer {d['transfer_vs_baseline']:.1f}× the baseline"
+    return s
+
+
+def doing_words(doing: dict) -> str:
+    """What the culprit does with its time, in words: the kinds it spends more on than the others."""
+    words = {"compute": "compute", "other": "other work", "memcpy": "copies",
+             "idle": "time outside any recorded op (host stall, sleep, I/O)"}
+    more = [(w, us) for w, us in sorted(doing.items(), key=lambda kv: -kv[1]) if us > 0]
+    if not more:
+        return "no more recorded work than the others"
+    return ", ".join(f"{us:.0f} µs more {words[w]}" for w, us in more[:2]) + " per window than the others' median"
+
+
+def label(cat: str) -> str:
+    return LABEL.get(cat, cat)
