@@ -61,7 +61,7 @@ def test_enums_name_the_json_words():
     assert CATEGORIES == ["compute", "tp_allreduce", "cp_ring", "ep_all_to_all", "other_comm", "memcpy", "other",
                           "marker"]
     assert WORK_CATEGORIES == tuple(CATEGORIES[:7]) and Category.MARKER.key == "marker"
-    assert [v.css for v in Verdict] == ["communication", "compute", "data", "host", "unknown"]
+    assert [v.css for v in Verdict] == ["communication", "imbalance", "communication", "compute", "data", "host", "unknown"]
     import json
 
     from tests.conftest import ROOT
