@@ -119,8 +119,8 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
     offsets = matching.align_offsets(calls) if align == "collective-end" else None
     matched = matching.match(calls, offsets)
     waits = matched.pop("_waits")
-    baselines, baseline = cause.call_baselines(calls, waits, sweep, manifest)
-    _phase_waits(ranks, calls, waits, baselines)
+    baselines, floors, baseline = cause.call_baselines(calls, waits, sweep, manifest)
+    _phase_waits(ranks, calls, waits, baselines, floors)
     buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
     axes = _provenance(calls, field=1)
@@ -168,7 +168,8 @@ def calibration_rows(path: str | Path) -> list[dict]:
     res = load_result(p)
     backend = cause._backend_of(res.get("manifest"), [])
     rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
-             "time_us": b["median_us"], "p90_us": b["p90_us"], "count": b["count"]}
+             "time_us": b["median_us"], "p10_us": float(np.percentile(b["samples_us"], 10)) if b["samples_us"] else
+             b["median_us"], "count": b["count"]}
             for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
     if not rows or not backend:
         raise cause.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and its "
@@ -191,7 +192,8 @@ def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:
     return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
 
 
-def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | None = None) -> None:
+def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | None = None,
+                 floors: dict | None = None) -> None:
     """Per rank, phase and communication category: `exposed_wait_us`, the part of the exposed time
     spent waiting for a straggler (matched calls that start in the phase's windows; on a host
     timeline all of a collective's time is exposed, on a device the wait is capped by the
@@ -214,12 +216,13 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | 
             inside = in_win & (waits[r][0] > 0)  # NaN (unmatched) is not > 0
             cat = rc.category()
             base = (baselines or {}).get(r, np.full(len(rc), np.nan))
+            floor = (floors or {}).get(r)
             for name in COMM_CATS:
                 sel = inside & (cat == name)
                 if sel.any():
                     cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
                 if (in_win & (cat == name)).any():
-                    cause.accumulate(rk, phase, name, in_win & (cat == name), waits[r], base)
+                    cause.accumulate(rk, phase, name, in_win & (cat == name), waits[r], base, floor)
             for c in COMM_CATS:
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 

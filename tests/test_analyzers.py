@@ -161,7 +161,7 @@ def test_injected_delays_are_attributed_within_ten_percent(tmp_path):
     assert "rank 1" in dec["summary"] and any("rank 1" in r for r in dec["recommendations"])
     ins = inside["phases"]["decode"]
     assert ins["verdict"] == "communication-bound" and ins["communication_cause"]["class"] == "transfer-dominated"
-    assert ins["communication_cause"]["culprit"] is None
+    assert not any(c["cause"] == "skew" for c in ins["communication_cause"]["causes"])  # whoever arrived last, no skew
     # ... and per phase: the decode phase's exposed allreduce on rank 0 is that wait.
     dec0 = before["ranks"][0]["phases"]["decode"]["categories"]["tp_allreduce"]
     assert dec0["exposed_wait_us"] == pytest.approx(injected, rel=0.1)

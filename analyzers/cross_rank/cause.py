@@ -20,8 +20,10 @@ Causes, flagged only above a bar measured against this machine's run-to-run nois
                    >= 2/3 of the communication, and steady over the calls (coefficient of variation
                    <= STEADY_CV; the machine's own bursts, a few long waits, vary more). With two
                    ranks each pausing 0..D at random, waiting cannot pass 1/4 of the time.
-    slow-transfer  transfer >= SLOW_RATIO x the calibration's median (or its p90/p50 spread, where
-                   wider), the excess >= SLOW_BAR of end-to-end time; only with a calibration
+    slow-transfer  the fastest tenth of the calls >= SLOW_RATIO x the calibration's fastest tenth at
+                   their sizes (a slower transport raises the floor; noise moves the median), the
+                   excess over the calibration's median >= SLOW_BAR of end-to-end time; only with a
+                   calibration
 The culprit's own time is compared with the other ranks' median per window (compute, other work,
 copies, idle = time outside any recorded op): what it does while the others wait.
 """
@@ -68,8 +70,7 @@ def read_calibration(path: str | Path) -> list[dict]:
             row = {"backend": str(r["backend"]), "op": str(r["op"]), "bytes": int(r["bytes"]),
                    "world": int(r.get("world", 0)), "time_us": float(r["time_us"])}
             batches = [float(b) for b in r.get("batches_us") or [] if float(b) > 0]
-            row["p90_us"] = float(r.get("p90_us") or (np.percentile(batches, 90) if len(batches) >= 3 else row["time_us"]))
-            row["count"] = max(1, int(r.get("count") or 1))
+            row["p10_us"] = float(r.get("p10_us") or (min(batches) if batches else row["time_us"]))
         except (TypeError, KeyError, ValueError, OverflowError):
             continue
         if row["bytes"] > 0 and math.isfinite(row["time_us"]) and row["time_us"] > 0:
@@ -90,41 +91,29 @@ def _backend_of(manifest: dict | None, rows: list[dict]) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def _sweep_lookup(rows: list[dict], backend: str, op: str, world: int, nbytes: np.ndarray) -> np.ndarray:
-    """Per call, the sweep's time at that size (log-log interpolation, clamped to the sweep's ends);
-    NaN where the sweep has no row for the op."""
+def _sweep_lookup(rows: list[dict], backend: str, op: str, world: int, nbytes: np.ndarray,
+                  field: str = "time_us") -> np.ndarray:
+    """Per call, the calibration's `field` at that size (log-log interpolation, clamped to the
+    calibration's ends); NaN where it has no row for the op."""
     pts = [r for r in rows if r["backend"] == backend and r["op"] == op and (r["world"] in (0, world))]
     if not pts:
         return np.full(len(nbytes), np.nan)
     by = {}
     for r in pts:
-        by.setdefault(r["bytes"], []).append(r["time_us"])
+        by.setdefault(r["bytes"], []).append(r.get(field) or r["time_us"])
     xs = np.log(np.array(sorted(by), float))
     ys = np.log(np.array([float(np.median(by[b])) for b in sorted(by)]))
     x = np.log(np.maximum(nbytes, 1.0))
     return np.where(np.isnan(nbytes), np.nan, np.exp(np.interp(x, xs, ys)))
 
 
-def _spread(rows: list[dict], backend: str) -> float:
-    """The calibration's own run-to-run spread: p90 over median per row, the median over its calls
-    (rows weighted by their call counts, so a size seen a few times does not set it)."""
-    pts = sorted((r["p90_us"] / r["time_us"], r.get("count", 1)) for r in rows
-                 if r["backend"] == backend and r.get("p90_us") and r["time_us"] > 0)
-    if not pts:
-        return 1.0
-    half, seen = sum(n for _, n in pts) / 2, 0
-    for spread, n in pts:
-        seen += n
-        if seen >= half:
-            return float(spread)
-    return float(pts[-1][0])
-
-
 def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
-                   manifest: dict | None) -> tuple[dict, dict]:
-    """Per rank, an array parallel to its calls: the zero-skew transfer time of each call (µs; NaN
-    where none is known); and how it was found."""
+                   manifest: dict | None) -> tuple[dict, dict, dict]:
+    """Per rank, two arrays parallel to its calls: each call's zero-skew transfer time (the
+    calibration's median at its size, µs; NaN where none is known) and its floor (the calibration's
+    fastest tenth); and how they were found."""
     out = {r: np.full(len(c), np.nan) for r, c in calls.items()}
+    floor = {r: np.full(len(c), np.nan) for r, c in calls.items()}
     backend = _backend_of(manifest, calibration) if calibration else None
     if calibration and backend:
         for r, c in calls.items():
@@ -136,9 +125,11 @@ def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
                 sizes = c.bytes[sel].astype(float)
                 gs = int(np.median(c.group_size[sel])) if sel.any() else 0
                 out[r][sel] = _sweep_lookup(calibration, backend, op, gs or len(calls), sizes)
-        return out, {"source": "sweep", "backend": backend, "spread": _spread(calibration, backend),
-                     "rule": f"zero-skew baseline: this machine's calibration of {backend} (a `commprobe bench "
-                             f"collectives` sweep, or a healthy run's median transfer), interpolated at each call's size"}
+                floor[r][sel] = _sweep_lookup(calibration, backend, op, gs or len(calls), sizes, "p10_us")
+        return out, floor, {
+            "source": "sweep", "backend": backend,
+            "rule": f"zero-skew baseline: this machine's calibration of {backend} (a `commprobe bench collectives` "
+                    f"sweep, or a healthy run of the same job), its median and its fastest tenth at each call's size"}
     # the trace's own fastest matched calls per (op, size bucket)
     samples: dict[tuple, list] = {}
     keyed = {}
@@ -155,19 +146,25 @@ def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
     table = {k: float(np.percentile(v, TRACE_PERCENTILE)) for k, v in samples.items()}
     for r, keys in keyed.items():
         out[r] = np.array([table.get(k, np.nan) for k in keys], float)
+        floor[r] = out[r].copy()
     why = "with no sweep of this machine" if not calibration else "the sweep names no backend of this trace"
-    return out, {"source": "trace", "backend": None, "spread": None,
-                 "rule": f"zero-skew baseline: this trace's own fastest calls ({TRACE_PERCENTILE}th percentile of "
-                         f"transfer per op and size bucket), {why}: a slower transport cannot be told from this "
-                         f"machine's floor, so none is flagged"}
+    return out, floor, {
+        "source": "trace", "backend": None,
+        "rule": f"zero-skew baseline: this trace's own fastest calls ({TRACE_PERCENTILE}th percentile of transfer per "
+                f"op and size bucket), {why}: a slower transport cannot be told from this machine's floor, so none "
+                f"is flagged"}
+
+
+FLOOR_BINS = 4  # per octave: the floor ratio's histogram, log2 from -8 to +8
 
 
 def _empty() -> dict:
     return {"calls": 0, "matched": 0, "transfer_us": 0.0, "baseline_us": 0.0, "baseline_calls": 0,
-            "log_ratio_sum": 0.0, "wait_sq_sum": 0.0, "wait_by_last": {}}
+            "log_ratio_sum": 0.0, "wait_sq_sum": 0.0, "floor_hist": {}, "wait_by_last": {}}
 
 
-def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, base: np.ndarray) -> None:
+def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, base: np.ndarray,
+               floor: np.ndarray | None = None) -> None:
     """Add a rank's calls `sel` (in the phase's windows, of category `cat`) to its phase's
     `comm_calls[cat]`: calls, matched, matched transfer, baseline, and waiting per last arriver."""
     acc = rk["phases"][phase].setdefault("comm_calls", {}).setdefault(cat, _empty())
@@ -180,6 +177,12 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, ba
     acc["baseline_us"] += float(base[b].sum())
     acc["baseline_calls"] += int(b.sum())
     acc["log_ratio_sum"] += float(np.log(transfer[b] / base[b]).sum())
+    if floor is not None:  # each call's transfer over the calibration's floor at its size, binned (log2)
+        f = m & ~np.isnan(floor) & (floor > 0) & (transfer > 0)
+        if f.any():
+            bins = np.clip(np.floor((np.log2(transfer[f] / floor[f]) + 8) * FLOOR_BINS), 0, 16 * FLOOR_BINS - 1)
+            for k, count in zip(*np.unique(bins.astype(np.int64), return_counts=True)):
+                acc["floor_hist"][str(int(k))] = acc["floor_hist"].get(str(int(k)), 0) + int(count)
     acc["wait_sq_sum"] += float(np.square(wait[m]).sum())
     w = m & (wait > 0)
     if w.any():
@@ -211,12 +214,28 @@ def _classify(transfer: float, wait: float, matched_share: float, ranks: int) ->
 
 
 def slow_ratio(baseline: dict | None) -> float | None:
-    """The transfer / baseline ratio from which a slower transport is flagged: SLOW_RATIO, or the
-    calibration's own spread (its p90 over its median) where that is wider; None without a
-    calibration of this machine (the trace's own fastest calls cannot tell a slower transport)."""
+    """The ratio of the fastest tenth of the calls to the calibration's fastest tenth from which a
+    slower transport is flagged; None without a calibration of this machine (the trace's own
+    fastest calls cannot tell a slower transport). The floor, not the median: a slower transport
+    makes every call slower, the fastest too, while a noisy one (gloo here: its calls fall in a fast
+    and a slow mode, in proportions that change from run to run by up to 3.5x at the median) moves
+    the median and leaves the floor."""
     if not baseline or baseline.get("source") != "sweep":
         return None
-    return max(SLOW_RATIO, baseline.get("spread") or 1.0)
+    return SLOW_RATIO
+
+
+def _tenth(hist: dict[int, int]) -> float | None:
+    """The 10th percentile of a floor-ratio histogram (the lower edge of its bin)."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    seen = 0
+    for k in sorted(hist):
+        seen += hist[k]
+        if seen >= 0.1 * total:
+            return 2.0 ** (k / FLOOR_BINS - 8)
+    return None
 
 
 def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | None = None) -> dict:
@@ -227,6 +246,7 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
     calls = matched = base_calls = 0
     log_ratio = 0.0
     wait_sum = wait_sq = 0.0
+    hist: dict[int, int] = {}
     caused: dict[str, float] = {}
     for r in rows:
         p = r["phases"][phase]
@@ -240,6 +260,8 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
                 matched += acc["matched"]
                 base_calls += acc["baseline_calls"]
                 log_ratio += acc.get("log_ratio_sum", 0.0)
+                for k, count in (acc.get("floor_hist") or {}).items():
+                    hist[int(k)] = hist.get(int(k), 0) + count
                 for who, us in acc["wait_by_last"].items():
                     caused[who] = caused.get(who, 0.0) + us
                     wait_sum += us
@@ -251,6 +273,7 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
     mean_w = wait_sum / matched if matched else 0.0
     cv = math.sqrt(max(0.0, wait_sq / matched - mean_w ** 2)) / mean_w if matched and mean_w > 0 else None
     ratio = math.exp(log_ratio / base_calls) if base_calls else None  # geometric mean of transfer / baseline
+    floor_ratio = _tenth(hist)
     excess = transfer * max(0.0, 1 - 1 / ratio) if ratio else 0.0
     total_caused = sum(caused.values())
     shares = {k: v / total_caused for k, v in sorted(caused.items(), key=lambda kv: -kv[1])} if total_caused else {}
@@ -263,15 +286,16 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
            "transfer_share": transfer / e2e if e2e else 0.0, "wait_share": wait / e2e if e2e else 0.0,
            "calls": calls, "matched_share": matched_share, "transfer_vs_baseline": ratio,
            "excess_transfer_share": excess / e2e if e2e else 0.0, "wait_caused_by": shares,
-           "wait_caused_us_per_window": caused_us, "wait_cv": cv, "culprit": culprit}
+           "wait_caused_us_per_window": caused_us, "wait_cv": cv, "culprit": culprit,
+           "transfer_floor_vs_baseline": floor_ratio}
     causes = []
     if cls != "inconclusive" and e2e:
         ws = wait / e2e
         steady = cv is not None and cv <= STEADY_CV
         if (ws >= SKEW_BAR if culprit is not None else ws >= SPREAD_BAR and cls == "skew-dominated" and steady):
             causes.append({"cause": "skew", "rank": culprit, "share": ws, "us_per_window": wait})
-        bar = slow_ratio(baseline)
-        if ratio is not None and bar is not None and ratio >= bar and excess / e2e >= SLOW_BAR:
+        if (slow_ratio(baseline) is not None and floor_ratio is not None and floor_ratio >= SLOW_RATIO
+                and excess / e2e >= SLOW_BAR):
             causes.append({"cause": "slow-transfer", "share": excess / e2e, "us_per_window": excess, "ratio": ratio})
     causes.sort(key=lambda c: -c["share"])
     out["causes"] = causes
@@ -303,7 +327,8 @@ def diagnose(rows: list[dict], phase: str, baseline: dict | None) -> dict:
                    f"of calls matched: inconclusive); skew flagged at ≥ {SKEW_BAR:.0%} of end-to-end time with one "
                    f"rank causing ≥ {CULPRIT_SHARE:.0%} of the waiting, or ≥ {SPREAD_BAR:.0%} without one if steady "
                    f"over the calls (coefficient of variation ≤ {STEADY_CV}); "
-                   + (f"slow transfer at ≥ {bar:.2g}× the baseline and ≥ {SLOW_BAR:.0%} of end-to-end time"
+                   + (f"slow transfer where the fastest tenth of the calls is ≥ {bar:.2g}× the calibration's "
+                      f"fastest tenth and the excess ≥ {SLOW_BAR:.0%} of end-to-end time"
                       if bar else "slow transfer not flagged: no calibration of this machine"))
     return out
 

@@ -44,7 +44,7 @@ LAYERS = 2  # tiny and moe-wide: a host stall is injected once per layer
 DOSES: dict[str, dict] = {
     "slow-rank": {"spec": "slow-rank:1@{}",  # % of the rank's own compute
                   "tp2": {"dda": (3, 250, 400), "gloo": (3, 1500, 3000)},
-                  "ep2": {"dda": (3, 400, 800), "gloo": (3, 400, 800)}},
+                  "ep2": {"dda": (3, 400, 800), "gloo": (3, 800, 1600)}},
     "slow-link": {"spec": "slow-link:{axis}@{}",  # µs added inside every call on the axis
                   "tp2": {"dda": (1, 60, 300), "gloo": (5, 5000, 10000)},
                   "cp2": {"dda": (1, 150, 500), "gloo": (5, 5000, 10000)},
