@@ -21,8 +21,17 @@ import pytest
 
 from commprobe.analyzers.analysis import analyze
 from tests.conftest import invariant_violations
-from tests.vllm_engine import (allreduce_in_steps, complete, post, raw, serve, steps_by_phase, union, venv_python,
-                               wait_for_traces)
+from tests.vllm_engine import (
+    allreduce_in_steps,
+    complete,
+    post,
+    raw,
+    serve,
+    steps_by_phase,
+    union,
+    venv_python,
+    wait_for_traces,
+)
 
 PROMPTS = ["the model splits layers across ranks and every layer ends in an allreduce of its output",
            "decode steps are small and latency bound while prefill steps are large and compute bound"]

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from commprobe.common.errors import InputError
-from commprobe.common.vocab import COMM_CATS
 from commprobe.common.vocab import CATEGORY_LABEL as LABEL
+from commprobe.common.vocab import COMM_CATS
 
 DOMINATES = 2 / 3
 MIN_MATCHED = 0.5
@@ -141,7 +141,7 @@ def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
         keyed[r] = list(zip(ops.tolist(), bucket.tolist()))
         if r in waits:
             for key, t in zip(keyed[r], waits[r][1].tolist()):
-                if key[1] >= 0 and t == t:  # a known size, a matched call
+                if key[1] >= 0 and not math.isnan(t):  # a known size, a matched call
                     samples.setdefault(key, []).append(t)
     table = {k: float(np.percentile(v, TRACE_PERCENTILE)) for k, v in samples.items()}
     for r, keys in keyed.items():
