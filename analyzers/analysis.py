@@ -46,13 +46,20 @@ def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None
 ALIGNMENTS = ("base", "collective-end")  # clocks: baseTimeNanoseconds, or the ends of matched collectives
 
 
-def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
-            align: str = "base", jobs: int = 1, scheduler: str | None = None, rank_from: str | None = None,
-            calibration: str | Path | None = None) -> dict:
+def analyze(path: str | Path, **kw) -> dict:
+    """The analysis result (see `analyze_with_calls`)."""
+    return analyze_with_calls(path, **kw)[0]
+
+
+def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
+                       align: str = "base", jobs: int = 1, scheduler: str | None = None, rank_from: str | None = None,
+                       calibration: str | Path | None = None) -> tuple[dict, dict, dict]:
     """Map each rank's trace to a summary (cross_rank/rank_map.py; `jobs` > 1: in that many worker processes;
     `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
     where the map ran. `calibration`: a sweep of this machine's collectives (`commprobe bench
-    collectives --json`), the zero-skew baseline that tells a slow transport from its floor."""
+    collectives --json`), the zero-skew baseline that tells a slow transport from its floor.
+    Returns (result, per rank its collective calls on the run's clock, per rank their (wait,
+    transfer, last arriver) arrays): the calls are what a trace export draws beside the result."""
     t0 = time.perf_counter()
     url = remote.is_url(path)  # an fsspec URL: traces only (a bundle is a local directory)
     path = path if url else Path(path)
@@ -147,7 +154,7 @@ def analyze(path: str | Path, *, rules_file: str | None = None, threshold: float
         "unclassified": {"count": sum(unknown.values()),
                          "names": [{"name": n, "count": c} for n, c in sorted(unknown.items(), key=lambda kv: -kv[1])[:50]]},
         "elapsed_s": time.perf_counter() - t0,
-    }
+    }, calls, waits
 
 
 def calibration_rows(path: str | Path) -> list[dict]:

@@ -144,13 +144,31 @@ def analyze(
     calibration: str | None = typer.Option(None, help="This machine's collective sweep (`commprobe bench collectives "
                                            "--json > FILE`): the zero-skew baseline that tells a slow transport from "
                                            "its floor (default: the trace's own fastest calls)."),
+    perfetto: str | None = typer.Option(None, help="Also write one merged trace of every rank, aligned, with the "
+                                        "findings as tracks (phases and verdicts, exposed communication, waiting for "
+                                        "rank R, flows from the last arriver): OUT.json or OUT.json.gz, for "
+                                        "ui.perfetto.dev or chrome://tracing."),
+    ranks: str | None = typer.Option(None, help="With --perfetto: only these ranks (0,3 or 0-3)."),
+    window: str | None = typer.Option(None, help="With --perfetto: only this phase's windows (prefill, decode, step)."),
 ) -> None:
     """Attribute end-to-end latency to compute, TP allreduce, CP ring and EP all-to-all; give a verdict."""
     from commprobe.analyzers.analysis import analyze as run_analysis
     from commprobe.analyzers.cross_rank.rank_map import default_jobs
 
-    result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=default_jobs() if jobs == 0 else jobs,
-                          scheduler=scheduler, rank_from=rank_from, calibration=calibration)
+    n_jobs = default_jobs() if jobs == 0 else jobs
+    if perfetto:
+        from commprobe.analyzers.perfetto import export
+
+        done = export(path, perfetto, ranks=ranks, window=window, rules_file=rules, align=align, rank_from=rank_from,
+                      threshold=threshold, calibration=calibration, jobs=n_jobs)
+        result = done["result"]
+        say(f"perfetto: {done['path']} ({done['events']} events, ranks {', '.join(map(str, sorted(done['written'])))}"
+            f"): open it at https://ui.perfetto.dev", to_err=json_out)
+    elif ranks or window:
+        fail("--ranks and --window cut the --perfetto trace: give --perfetto OUT.json too")
+    else:
+        result = run_analysis(path, rules_file=rules, threshold=threshold, align=align, jobs=n_jobs,
+                              scheduler=scheduler, rank_from=rank_from, calibration=calibration)
     if out_file:
         from pathlib import Path
 

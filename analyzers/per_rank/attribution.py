@@ -58,14 +58,33 @@ def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv
     return out
 
 
-def rank_breakdown(trace: Trace, cls: Classified) -> dict:
+@dataclass
+class Exposure:
+    """A rank's windows and, per category, the intervals that count: unions of its events on the
+    timeline, communication and copies less what compute overlaps (on a device). What the breakdown
+    sums, and what a trace export draws."""
+
+    timeline: Timeline
+    windows: dict[str, list[tuple[float, float]]]
+    rule: dict
+    unions: dict[int, iv.Intervals]
+    exposed: dict[int, iv.Intervals]  # communication and copies not overlapped by compute
+
+
+def exposure(trace: Trace, cls: Classified) -> Exposure:
     tl = timeline(trace)
     wins, rule, no_step = windows(trace, tl.device, tl.mask)
     if no_step.any():  # device work launched before the first step or after the last: no step's
         tl = Timeline(tl.device, tl.mask & ~no_step)
     unions = category_unions(trace, cls, tl)
     compute = unions[COMPUTE]
-    exposed_base = {c: iv.subtract(unions[c], compute) if tl.device else unions[c] for c in (*COMM_CODES, MEMCPY)}
+    exposed = {c: iv.subtract(unions[c], compute) if tl.device else unions[c] for c in (*COMM_CODES, MEMCPY)}
+    return Exposure(tl, wins, rule, unions, exposed)
+
+
+def rank_breakdown(trace: Trace, cls: Classified) -> dict:
+    ex = exposure(trace, cls)
+    tl, wins, rule, unions, exposed_base = ex.timeline, ex.windows, ex.rule, ex.unions, ex.exposed
     phases = {}
     for phase, spans in wins.items():
         lo = np.array([a for a, _ in spans])

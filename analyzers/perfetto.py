@@ -1,0 +1,273 @@
+"""One merged trace of every rank for Perfetto (or chrome://tracing), with commprobe's findings as
+tracks: `commprobe analyze PATH --perfetto OUT.json[.gz]`.
+
+Written in the Chrome trace-event JSON format both open: one process per rank ("rank R", its
+coordinates), each rank's original events (from whichever reader read it: Kineto, Nsight, rocpd,
+RPD, rocprofv3) on one clock, and per rank the tracks commprobe adds:
+
+    commprobe: phases              each window of each phase, its verdict in the slice's args
+    commprobe: exposed <category>  communication (and copies) not overlapped by compute
+    commprobe: waiting             per matched collective, the time this rank waited, "waiting
+                                   for rank R" (args: the rank, the op, µs)
+    commprobe: arrived last        the call of the rank everyone waited for; a flow arrow runs
+                                   from it to each rank that waited
+
+The clock is the analysis': µs since the earliest rank's base (`origin_ns`), less each rank's
+alignment offset (`--align collective-end`), all stated in the file's metadata (`commprobe`).
+Ranks are read one at a time and their events written as they are read, so memory stays within
+the analysis' own bound. Strings from traces are written by `json` (escaped), and the file reads
+back through commprobe's own reader.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from commprobe.common.errors import InputError
+from commprobe.common.vocab import CATEGORY_LABEL, COMM_CATS
+
+from .analysis import SCHEMA, analyze_with_calls
+from .per_rank import intervals as iv
+from .per_rank.attribution import exposure
+from .per_rank.classify import CATEGORIES, COMM_CODES, MEMCPY, classify, load_rules
+from .per_rank.links import link_kernels_to_host_ops
+from .readers.coordinates import name_coordinates
+from .readers.coordinates import table as name_table
+from .readers.files import trace_files
+from .readers.sources import traces_in
+
+TRACK = 1 << 30  # thread ids of commprobe's tracks: far above any trace's own (tid_id + 1)
+PHASES, WAITING, ARRIVED = TRACK, TRACK + 1, TRACK + 2
+EXPOSED = {c: TRACK + 10 + i for i, c in enumerate((*COMM_CODES, MEMCPY))}
+
+
+class PerfettoError(InputError):
+    pass
+
+
+def parse_ranks(spec: str | None) -> set[int] | None:
+    """`--ranks 0,3,5-7` as a set; None for every rank. One line for anything else."""
+    if not spec:
+        return None
+    out: set[int] = set()
+    try:
+        for part in spec.split(","):
+            a, _, b = part.strip().partition("-")
+            out.update(range(int(a), int(b or a) + 1))
+    except ValueError:
+        raise PerfettoError(f"--ranks {spec!r}: give ranks as 0,3 or 0-3") from None
+    return out
+
+
+class _Writer:
+    """The JSON array of events, streamed: one event a line."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp")  # renamed into place when whole
+        self.f = gzip.open(self.tmp, "wt", compresslevel=3) if path.name.endswith(".gz") else open(self.tmp, "w")
+        self.f.write('{"traceEvents":[\n')
+        self.first = True
+        self.count = 0
+
+    def add(self, ev: dict) -> None:
+        self.f.write(("" if self.first else ",\n") + json.dumps(ev, ensure_ascii=False, allow_nan=False))
+        self.first = False
+        self.count += 1
+
+    def close(self, meta: dict) -> None:
+        self.f.write('\n],"displayTimeUnit":"ms","commprobe":' + json.dumps(meta, allow_nan=False) + "}\n")
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def abandon(self) -> None:
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _overlaps(lo: np.ndarray, hi: np.ndarray, spans: list) -> np.ndarray:
+    """Which [lo, hi) overlap any of `spans` (sorted, disjoint)."""
+    if not spans:
+        return np.zeros(len(lo), bool)
+    a = np.array([s for s, _ in spans])
+    b = np.array([e for _, e in spans])
+    k = np.searchsorted(a, hi, side="left") - 1  # the last span starting before the event ends
+    return (k >= 0) & (b[np.maximum(k, 0)] > lo)
+
+
+def export(path: str | Path, out: str | Path, *, ranks: str | None = None, window: str | None = None,
+           rules_file: str | None = None, align: str = "base", rank_from: str | None = None,
+           threshold: float = 0.2, calibration: str | None = None, jobs: int = 1) -> dict:
+    """Write the merged trace; returns the analysis and what was written (events per rank)."""
+    out = Path(out)
+    if not out.name.endswith((".json", ".json.gz")):
+        raise PerfettoError(f"--perfetto {out}: the file name must end in .json or .json.gz")
+    wanted = parse_ranks(ranks)
+    result, calls, waits = analyze_with_calls(path, rules_file=rules_file, align=align, rank_from=rank_from,
+                                              threshold=threshold, calibration=calibration, jobs=jobs)
+    if window is not None and window not in result["phases"]:
+        raise PerfettoError(f"--window {window}: this trace's phases are {', '.join(result['phases']) or 'none'}")
+    by_file: dict[str, list[dict]] = {}
+    for rk in result["ranks"]:
+        by_file.setdefault(str(rk["file"]), []).append(rk)
+    offsets = {int(r): float(v) for r, v in result["collectives"]["offsets_us"].items()}
+    rules = load_rules(rules_file) if rules_file else []
+    files = trace_files(path)
+    coords = name_table([Path(f).name for f in files])
+    origin = result["origin_ns"]
+    try:
+        w = _Writer(out)
+    except OSError as e:
+        raise PerfettoError(f"--perfetto {out}: cannot write it ({os.strerror(e.errno) if e.errno else e})") from None
+    written: dict[int, dict] = {}
+    try:
+        for f in files:
+            mine = list(by_file.get(str(f), []))
+            for trace in traces_in(f, rank_from):
+                rk = _which(mine, trace)
+                if rk is None or (wanted is not None and rk["rank"] not in wanted):
+                    continue
+                r = rk["rank"]
+                shift = (trace.origin_ns - origin) / 1000.0 - offsets.get(r, 0.0)
+                written[r] = _rank(w, trace, rk, result, shift, window, rules, coords)
+                del trace
+        for r in sorted(written):  # the waits: matched calls are on the run's clock already
+            written[r]["waiting_slices"] = _waits(w, r, calls.get(r), waits.get(r), offsets, written, window,
+                                                  result["ranks"])
+    except BaseException:
+        w.abandon()
+        raise
+    else:
+        meta = {"schema": SCHEMA, "source": result["source"]["path"], "origin_ns": origin, "align": align,
+                "offsets_us": {str(r): offsets.get(r, 0.0) for r in sorted(written)},
+                "clock": "µs since origin_ns (the earliest rank's base), less each rank's offset",
+                "window": window, "ranks": sorted(written),
+                "verdicts": {ph: p["verdict"] for ph, p in result["phases"].items()}}
+        w.close(meta)
+    return {"result": result, "written": written, "events": w.count, "path": str(out)}
+
+
+def _which(mine: list[dict], trace) -> dict | None:
+    """The analysis' rank for a trace read again: by the identity the analysis kept (host, pid,
+    device), else the next one of its file."""
+    ident = trace.extra.get("identity") or {}
+    for rk in mine:
+        want = rk.get("identity") or {}
+        if want and all(ident.get(k) == v for k, v in want.items()):
+            mine.remove(rk)
+            return rk
+    return mine.pop(0) if mine else None
+
+
+def _rank(w: _Writer, trace, rk: dict, result: dict, shift: float, window: str | None, rules, coords) -> dict:
+    r = rk["rank"]
+    name_coordinates(trace)
+    cls = classify(trace, list(rules), coords)
+    link_kernels_to_host_ops(trace, cls)
+    ex = exposure(trace, cls)
+    coord = rk.get("coordinates") or {}
+    label = f"rank {r}" + ("".join(f" {k}={v}" for k, v in coord.items() if k != "engine") if coord else "")
+    w.add({"ph": "M", "name": "process_name", "pid": r, "args": {"name": label}})
+    w.add({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
+    spans = ex.windows.get(window, []) if window else None
+    lo, hi = trace.ts, trace.ts + trace.dur
+    keep = _overlaps(lo, hi, sorted(spans)) if spans is not None else np.ones(len(lo), bool)
+    dev = trace.is_device()
+    tids = np.unique(trace.tid_id[keep]) if keep.any() else np.zeros(0, np.int64)
+    for t in tids.tolist():
+        on_dev = bool(dev[trace.tid_id == t].any())
+        w.add({"ph": "M", "name": "thread_name", "pid": r, "tid": int(t) + 1,
+               "args": {"name": f"{'device stream' if on_dev else 'host thread'} {t}"}})
+    for i in np.flatnonzero(keep).tolist():
+        ev = {"ph": "X", "name": trace.names[trace.name_id[i]], "cat": trace.cats[trace.cat_id[i]],
+              "ts": round(float(trace.ts[i]) + shift, 3), "dur": round(float(trace.dur[i]), 3), "pid": r,
+              "tid": int(trace.tid_id[i]) + 1}
+        if trace.arg_row[i] >= 0:
+            ev["args"] = trace.arg_dicts[trace.arg_row[i]]
+        w.add(ev)
+    counts = {"events": int(keep.sum()), "phases": {}, "exposed": {}}
+    # commprobe's tracks
+    w.add({"ph": "M", "name": "thread_name", "pid": r, "tid": PHASES, "args": {"name": "commprobe: phases"}})
+    for ph, sp in ex.windows.items():
+        if window and ph != window:
+            continue
+        verdict = (result["phases"].get(ph) or {}).get("verdict")
+        for k, (a, b) in enumerate(sp):
+            w.add({"ph": "X", "name": ph, "cat": "commprobe", "ts": round(a + shift, 3), "dur": round(b - a, 3),
+                   "pid": r, "tid": PHASES, "args": {"phase": ph, "window": k, "verdict": verdict}})
+        counts["phases"][ph] = float(sum(b - a for a, b in sp))
+    for code, ivs in ex.exposed.items():
+        cat = CATEGORIES[code]
+        tid = EXPOSED[code]
+        named = False
+        total = 0.0
+        for ph, sp in ex.windows.items():
+            if window and ph != window:
+                continue
+            if not sp:
+                continue
+            a = np.array([x for x, _ in sp])
+            b = np.array([y for _, y in sp])
+            s, e = iv.clip(ivs, a.min(), b.max())
+            inside = iv.intersect((s, e), iv.union(a, b))
+            for x, y in zip(*inside):
+                if not named:
+                    w.add({"ph": "M", "name": "thread_name", "pid": r, "tid": tid,
+                           "args": {"name": f"commprobe: exposed {CATEGORY_LABEL.get(cat, cat)}"}})
+                    named = True
+                w.add({"ph": "X", "name": f"exposed {CATEGORY_LABEL.get(cat, cat)}", "cat": "commprobe",
+                       "ts": round(float(x) + shift, 3), "dur": round(float(y - x), 3), "pid": r, "tid": tid,
+                       "args": {"category": cat, "phase": ph}})
+                total += float(y - x)
+        if total:
+            counts["exposed"][cat] = total
+    counts["windows"] = {ph: [[a + shift, b + shift] for a, b in sp] for ph, sp in ex.windows.items()}
+    return counts
+
+
+def _waits(w: _Writer, r: int, calls, waits, offsets: dict, written: dict, window: str | None,
+           ranks: list[dict]) -> float:
+    """Rank r's waiting per matched call ("waiting for rank R"), and from the last arriver's call a
+    flow arrow to it. The calls are on the run's clock; each rank's offset applies to its own."""
+    if calls is None or waits is None or not len(calls):
+        return 0.0
+    wait, transfer, last = waits
+    sel = ~np.isnan(wait) & (wait > 0)
+    if window:
+        spans = written[r]["windows"].get(window, [])
+        start_al = calls.start - offsets.get(r, 0.0)
+        sel &= _overlaps(start_al, start_al + (calls.end - calls.start), sorted(spans))
+    if not sel.any():
+        return 0.0
+    w.add({"ph": "M", "name": "thread_name", "pid": r, "tid": WAITING, "args": {"name": "commprobe: waiting"}})
+    ops = [k[0] for k in calls.kinds]
+    total = 0.0
+    for i in np.flatnonzero(sel).tolist():
+        s = float(calls.start[i]) - offsets.get(r, 0.0)
+        who, us = int(last[i]), float(wait[i])
+        op = ops[calls.kind[i]]
+        w.add({"ph": "X", "name": f"waiting for rank {who}", "cat": "commprobe", "ts": round(s, 3),
+               "dur": round(us, 3), "pid": r, "tid": WAITING,
+               "args": {"waiting_for": who, "wait_us": us, "op": op}})
+        total += us
+        if who in written:  # the last arriver's call, and the arrow from it to this wait's end
+            arrive = s + us
+            flow = f"{r}:{i}"
+            w.add({"ph": "X", "name": f"arrived last: {op}", "cat": "commprobe", "ts": round(arrive, 3),
+                   "dur": round(float(transfer[i]), 3), "pid": who, "tid": ARRIVED, "args": {"waited_for_by": r}})
+            w.add({"ph": "s", "name": "waited for", "cat": "commprobe", "id": flow, "ts": round(arrive, 3),
+                   "pid": who, "tid": ARRIVED})
+            w.add({"ph": "f", "bp": "e", "name": "waited for", "cat": "commprobe", "id": flow,
+                   "ts": round(arrive, 3), "pid": r, "tid": WAITING})
+    for who in {int(x) for x in last[sel].tolist()} & set(written):
+        w.add({"ph": "M", "name": "thread_name", "pid": who, "tid": ARRIVED,
+               "args": {"name": "commprobe: arrived last"}})
+    return total
+
+
+__all__ = ["export", "parse_ranks", "PerfettoError", "COMM_CATS"]
