@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from commprobe.common.errors import InputError
-from commprobe.common.vocab import CATEGORY_LABEL, COMM_CATS
+from commprobe.common.vocab import CATEGORY_LABEL
 
 from .analysis import SCHEMA, analyze_with_calls
 from .per_rank import intervals as iv
@@ -270,4 +270,4 @@ def _waits(w: _Writer, r: int, calls, waits, offsets: dict, written: dict, windo
     return total
 
 
-__all__ = ["export", "parse_ranks", "PerfettoError", "COMM_CATS"]
+__all__ = ["export", "parse_ranks", "PerfettoError"]

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from commprobe.analyzers.analysis import analyze
 from commprobe.analyzers.perfetto import ARRIVED, PHASES, TRACK, WAITING, export
 from commprobe.analyzers.readers.files import trace_files
 from commprobe.analyzers.readers.sources import traces_in
