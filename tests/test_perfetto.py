@@ -178,3 +178,22 @@ def test_bad_requests_are_one_line(bundle, tmp_path):
     r = run_cli("analyze", str(bundle), "--perfetto", str(tmp_path / "ok.json.gz"))
     assert r.returncode == 0 and "ui.perfetto.dev" in r.stdout + r.stderr
     shutil.rmtree(tmp_path)
+
+
+def test_a_rocpd_database_exports_like_the_same_scenario_in_kineto(tmp_path):
+    """rocpd (SQLite, built from the rocprofiler-sdk schema: no real database is shared here) beside the
+    same scenario in Kineto JSON: the same events per rank, the same added waiting."""
+    from tests.test_rocpd import write_kineto, write_rocpd
+
+    kineto, roc = tmp_path / "kineto", tmp_path / "rocpd"
+    kineto.mkdir()
+    roc.mkdir()
+    for r in (0, 1):
+        write_kineto(kineto / f"rank{r}.json", r)
+        write_rocpd(roc / f"{5000 + r}_results.db", r)
+    a, b = export(kineto, tmp_path / "k.json"), export(roc, tmp_path / "r.json")
+    read = {r: len(t.ts) for f in trace_files(roc) for t in traces_in(f) for r in [t.rank]}
+    assert {r: w["events"] for r, w in b["written"].items()} == {r: w["events"] for r, w in a["written"].items()}
+    assert sorted(w["events"] for w in b["written"].values()) == sorted(read.values())
+    assert [b["written"][r]["waiting_slices"] for r in (0, 1)] == pytest.approx(
+        [a["written"][r]["waiting_slices"] for r in (0, 1)], abs=1e-3)
