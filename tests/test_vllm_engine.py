@@ -204,9 +204,6 @@ def _allreduce_per_step(trace) -> float:
     return statistics.median(union([(max(x, a), min(y, b)) for x, y in ar if x < b and y > a]) for a, b in windows)
 
 
-_CLEAN: dict[int, bool] = {}  # per starved worker: whether the raw events show only its peer waiting
-
-
 @pytest.mark.parametrize("starved", [None, 1, 0])
 def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profile, tmp_path, starved):
     """Workers are bound one per core (VLLM_CPU_OMP_THREADS_BIND=0|1); worker R starved of CPU from
@@ -228,21 +225,18 @@ def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profil
     print(f"starved={starved}: allreduce per step (µs) {[round(t) for t in truth]}; {line}")
     if starved is None:
         return  # what an unstarved run shows is measured (printed, and in bench/RESULTS.md)
-    for ph, c in causes.items():  # never communication-bound, never the wrong rank named
-        assert r["phases"][ph]["verdict"] != "communication-bound" and c["culprit"] in (starved, None), (ph, line)
-    clean = truth[1 - starved] > 2 * truth[starved]  # the raw events: only its peer waits in the allreduce
-    _CLEAN[starved] = clean
-    if clean:
-        # every phase: waiting dominates its communication, most of it caused by the starved worker;
-        # where one rank caused >= 75 % of it (the culprit), that rank, in one phase at least
-        for ph, c in causes.items():
-            assert c["class"] == "skew-dominated" and c["wait_caused_by"].get(str(starved), 0) > 0.5, (ph, line)
-        assert any(c["culprit"] == starved for c in causes.values()), line
-    # else: the worker was stopped inside collectives it had reached, so its own allreduce time grew too
-    # and the raw events show both workers waiting (measured once for worker 0, vLLM's driver worker):
-    # the analysis must then name no one else, as asserted above
-    if starved == 0:
-        assert any(_CLEAN.values()), f"neither starved run was clean in the raw events: {truth}"
+    # the raw events: the starved worker's peer spends the longer time in the allreduce (waiting for it)
+    assert truth[1 - starved] > truth[starved], truth
+    # the analysis: the starved worker is the straggler of the run (it caused most of all the waiting),
+    # named the culprit in one phase at least, the other worker in none, and no phase communication-bound
+    assert r["collectives"]["straggler"] == starved, line
+    for ph, c in causes.items():
+        assert c["class"] == "skew-dominated" and c["culprit"] in (starved, None), (ph, line)
+        assert r["phases"][ph]["verdict"] != "communication-bound", (ph, line)
+    assert any(c["culprit"] == starved for c in causes.values()), line
+    # Not every phase names it: a worker stopped *inside* a collective it reached first makes its peer
+    # look like the late one for that call (arrival times cannot see a stop after arrival; measured: up to
+    # half of a prefill's waiting attributed to the peer in the CI run).
     if starved == 1:  # the same capture in Perfetto: every event of each worker, the waits named
         _perfetto_checks(tmp_path, traces, r)
     # every phase: waiting dominates its communication, most of it caused by the starved worker, and the
