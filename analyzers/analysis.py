@@ -56,8 +56,8 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
                        calibration: str | Path | None = None) -> tuple[dict, dict, dict]:
     """Map each rank's trace to a summary (cross_rank/rank_map.py; `jobs` > 1: in that many worker processes;
     `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
-    where the map ran. `calibration`: a sweep of this machine's collectives (`commprobe bench
-    collectives --json`), the zero-skew baseline that tells a slow transport from its floor.
+    where the map ran. `calibration`: the zero-skew baseline that tells a slow transport from its
+    floor, a sweep of this machine's collectives or a healthy run of the same job (calibration_rows).
     Returns (result, per rank its collective calls on the run's clock, per rank their (wait,
     transfer, last arriver) arrays): the calls are what a trace export draws beside the result."""
     t0 = time.perf_counter()
@@ -168,12 +168,14 @@ def calibration_rows(path: str | Path) -> list[dict]:
             doc = json.loads(p.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             doc = None
+        if doc is None:
+            return cause.read_calibration(p)  # says in one line why it is not one
         if not (isinstance(doc, dict) and str(doc.get("schema", "")).startswith("commprobe.analysis/")):
-            return cause.read_calibration(p)
+            return cause.calibration_from(doc, p)
     elif not p.exists():
         raise cause.CalibrationError(f"{path}: no such calibration (a sweep's JSON, or a healthy run's bundle)")
     res = load_result(p)
-    backend = cause._backend_of(res.get("manifest"), [])
+    backend = cause.backend_of(res.get("manifest"), [])
     rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
              "time_us": b["median_us"], "p10_us": float(np.percentile(b["samples_us"], 10)) if b["samples_us"] else
              b["median_us"], "count": b["count"]}
@@ -225,20 +227,21 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | 
             base = (baselines or {}).get(r, np.full(len(rc), np.nan))
             floor = (floors or {}).get(r)
             for name in COMM_CATS:
-                sel = inside & (cat == name)
-                if sel.any():
-                    cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
-                if (in_win & (cat == name)).any():
-                    cause.accumulate(rk, phase, name, in_win & (cat == name), waits[r], base, floor)
+                mine = in_win & (cat == name)
+                if not mine.any():
+                    continue
+                sel = inside & mine
+                cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
+                cause.accumulate(rk, phase, name, mine, waits[r], base, floor)
             for c in COMM_CATS:
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 
 
-def analyze_backends(path: str | Path, jobs: int = 1, calibration: str | Path | None = None) -> dict[str, dict] | None:
+def analyze_backends(path: str | Path, jobs: int = 1) -> dict[str, dict] | None:
     """A bundle with one sub-bundle per backend: {backend: analysis}, in the run's order; else None."""
     p = Path(path)
     subs = sub_bundles(read_manifest(p))
-    return {b: analyze(p / d, jobs=jobs, calibration=calibration) for b, d in subs.items()} or None
+    return {b: analyze(p / d, jobs=jobs) for b, d in subs.items()} or None
 
 
 def load_result(path: str | Path, jobs: int = 1) -> dict:

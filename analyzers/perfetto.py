@@ -201,27 +201,20 @@ def _rank(w: _Writer, trace, rk: dict, result: dict, shift: float, window: str |
             w.add({"ph": "X", "name": ph, "cat": "commprobe", "ts": round(a + shift, 3), "dur": round(b - a, 3),
                    "pid": r, "tid": PHASES, "args": {"phase": ph, "window": k, "verdict": verdict}})
         counts["phases"][ph] = float(sum(b - a for a, b in sp))
+    spans_of = {ph: iv.union(np.array([a for a, _ in sp]), np.array([b for _, b in sp]))
+                for ph, sp in ex.windows.items() if sp and (not window or ph == window)}
     for code, ivs in ex.exposed.items():
         cat = CATEGORIES[code]
-        tid = EXPOSED[code]
-        named = False
-        total = 0.0
-        for ph, sp in ex.windows.items():
-            if window and ph != window:
-                continue
-            if not sp:
-                continue
-            a = np.array([x for x, _ in sp])
-            b = np.array([y for _, y in sp])
-            s, e = iv.clip(ivs, a.min(), b.max())
-            inside = iv.intersect((s, e), iv.union(a, b))
-            for x, y in zip(*inside):
+        label = CATEGORY_LABEL.get(cat, cat)
+        total, named = 0.0, False
+        for ph, inside_windows in spans_of.items():
+            for x, y in zip(*iv.intersect(ivs, inside_windows)):
                 if not named:
-                    w.add({"ph": "M", "name": "thread_name", "pid": r, "tid": tid,
-                           "args": {"name": f"commprobe: exposed {CATEGORY_LABEL.get(cat, cat)}"}})
                     named = True
-                w.add({"ph": "X", "name": f"exposed {CATEGORY_LABEL.get(cat, cat)}", "cat": "commprobe",
-                       "ts": round(float(x) + shift, 3), "dur": round(float(y - x), 3), "pid": r, "tid": tid,
+                    w.add({"ph": "M", "name": "thread_name", "pid": r, "tid": EXPOSED[code],
+                           "args": {"name": f"commprobe: exposed {label}"}})
+                w.add({"ph": "X", "name": f"exposed {label}", "cat": "commprobe", "ts": round(float(x) + shift, 3),
+                       "dur": round(float(y - x), 3), "pid": r, "tid": EXPOSED[code],
                        "args": {"category": cat, "phase": ph}})
                 total += float(y - x)
         if total:

@@ -49,8 +49,8 @@ def _rank(rank: int, compute: float, comm: float, wait: float, idle: float = 0.0
     cats["compute"]["exposed_us"] = cats["compute"]["total_us"] = compute
     cats["tp_allreduce"].update(total_us=comm, exposed_us=comm, exposed_wait_us=wait)
     e2e = compute + comm + idle
-    acc = {"calls": calls, "matched": matched, "transfer_us": comm - wait, "baseline_us": 0.0, "baseline_calls": 0,
-           "log_ratio_sum": 0.0, "wait_by_last": {str(k): v for k, v in (caused or {}).items()}}
+    acc = {"calls": calls, "matched": matched, "baseline_calls": 0, "log_ratio_sum": 0.0,
+           "wait_by_last": {str(k): v for k, v in (caused or {}).items()}}
     return {"rank": rank, "timeline": "host", "phase_rule": {}, "phases": {"decode": {
         "e2e_us": e2e, "idle_us": idle, "windows": 1, "categories": cats, "comm_calls": {"tp_allreduce": acc}}}}
 

@@ -63,6 +63,11 @@ def read_calibration(path: str | Path) -> list[dict]:
         doc = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CalibrationError(f"{path}: not a calibration file ({type(e).__name__})") from None
+    return calibration_from(doc, path)
+
+
+def calibration_from(doc, path: str | Path) -> list[dict]:
+    """The checked rows of a parsed sweep (see read_calibration)."""
     rows = doc.get("rows") if isinstance(doc, dict) else doc
     ok = []
     for r in rows if isinstance(rows, list) else []:
@@ -81,7 +86,7 @@ def read_calibration(path: str | Path) -> list[dict]:
     return ok
 
 
-def _backend_of(manifest: dict | None, rows: list[dict]) -> str | None:
+def backend_of(manifest: dict | None, rows: list[dict]) -> str | None:
     b = (manifest or {}).get("backend")
     if isinstance(b, list):
         b = b[0] if len(b) == 1 else None
@@ -114,7 +119,7 @@ def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
     fastest tenth); and how they were found."""
     out = {r: np.full(len(c), np.nan) for r, c in calls.items()}
     floor = {r: np.full(len(c), np.nan) for r, c in calls.items()}
-    backend = _backend_of(manifest, calibration) if calibration else None
+    backend = backend_of(manifest, calibration) if calibration else None
     if calibration and backend:
         for r, c in calls.items():
             if not len(c):
@@ -159,22 +164,21 @@ FLOOR_BINS = 4  # per octave: the floor ratio's histogram, log2 from -8 to +8
 
 
 def _empty() -> dict:
-    return {"calls": 0, "matched": 0, "transfer_us": 0.0, "baseline_us": 0.0, "baseline_calls": 0,
-            "log_ratio_sum": 0.0, "wait_sq_sum": 0.0, "floor_hist": {}, "wait_by_last": {}}
+    return {"calls": 0, "matched": 0, "baseline_calls": 0, "log_ratio_sum": 0.0, "wait_sq_sum": 0.0,
+            "floor_hist": {}, "wait_by_last": {}}
 
 
 def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, base: np.ndarray,
                floor: np.ndarray | None = None) -> None:
     """Add a rank's calls `sel` (in the phase's windows, of category `cat`) to its phase's
-    `comm_calls[cat]`: calls, matched, matched transfer, baseline, and waiting per last arriver."""
+    `comm_calls[cat]`: calls, matched, transfer against the baseline (log ratios) and its floor
+    (a histogram), and waiting per last arriver."""
     acc = rk["phases"][phase].setdefault("comm_calls", {}).setdefault(cat, _empty())
     wait, transfer, last = waits
     m = sel & ~np.isnan(transfer)
     acc["calls"] += int(sel.sum())
     acc["matched"] += int(m.sum())
-    acc["transfer_us"] += float(transfer[m].sum())
     b = m & ~np.isnan(base) & (base > 0) & (transfer > 0)
-    acc["baseline_us"] += float(base[b].sum())
     acc["baseline_calls"] += int(b.sum())
     acc["log_ratio_sum"] += float(np.log(transfer[b] / base[b]).sum())
     if floor is not None:  # each call's transfer over the calibration's floor at its size, binned (log2)
@@ -213,16 +217,13 @@ def _classify(transfer: float, wait: float, matched_share: float, ranks: int) ->
             "transfer-dominated" if transfer >= DOMINATES * total else "mixed")
 
 
-def slow_ratio(baseline: dict | None) -> float | None:
-    """The ratio of the fastest tenth of the calls to the calibration's fastest tenth from which a
-    slower transport is flagged; None without a calibration of this machine (the trace's own
-    fastest calls cannot tell a slower transport). The floor, not the median: a slower transport
-    makes every call slower, the fastest too, while a noisy one (gloo here: its calls fall in a fast
-    and a slow mode, in proportions that change from run to run by up to 3.5x at the median) moves
-    the median and leaves the floor."""
-    if not baseline or baseline.get("source") != "sweep":
-        return None
-    return SLOW_RATIO
+def calibrated(baseline: dict | None) -> bool:
+    """Whether the baseline is a calibration of this machine: only then is a slower transport
+    flagged (the trace's own fastest calls cannot tell one). It is judged on the floor, not the
+    median: a slower transport makes every call slower, the fastest too, while a noisy one (gloo
+    here: its calls fall in a fast and a slow mode, in proportions that change from run to run by up
+    to 3.5x at the median) moves the median and leaves the floor."""
+    return bool(baseline) and baseline.get("source") == "sweep"
 
 
 def _tenth(hist: dict[int, int]) -> float | None:
@@ -294,8 +295,7 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
         steady = cv is not None and cv <= STEADY_CV
         if (ws >= SKEW_BAR if culprit is not None else ws >= SPREAD_BAR and cls == "skew-dominated" and steady):
             causes.append({"cause": "skew", "rank": culprit, "share": ws, "us_per_window": wait})
-        if (slow_ratio(baseline) is not None and floor_ratio is not None and floor_ratio >= SLOW_RATIO
-                and excess / e2e >= SLOW_BAR):
+        if calibrated(baseline) and floor_ratio is not None and floor_ratio >= SLOW_RATIO and excess / e2e >= SLOW_BAR:
             causes.append({"cause": "slow-transfer", "share": excess / e2e, "us_per_window": excess, "ratio": ratio})
     causes.sort(key=lambda c: -c["share"])
     out["causes"] = causes
@@ -321,15 +321,14 @@ def diagnose(rows: list[dict], phase: str, baseline: dict | None) -> dict:
                 0.0, 1 - 1 / (by[c]["transfer_vs_baseline"] or 1e9))))
     out["cause"] = out["causes"][0]["cause"] if out["causes"] else "none"
     out["baseline"] = baseline or {}
-    bar = slow_ratio(baseline)
     out["rule"] = (f"transfer = the last arriver's time in each matched call, waiting = the rest; class by share of "
                    f"exposed communication (≥ {DOMINATES:.0%} transfer or waiting dominates; under {MIN_MATCHED:.0%} "
                    f"of calls matched: inconclusive); skew flagged at ≥ {SKEW_BAR:.0%} of end-to-end time with one "
                    f"rank causing ≥ {CULPRIT_SHARE:.0%} of the waiting, or ≥ {SPREAD_BAR:.0%} without one if steady "
                    f"over the calls (coefficient of variation ≤ {STEADY_CV}); "
-                   + (f"slow transfer where the fastest tenth of the calls is ≥ {bar:.2g}× the calibration's "
+                   + (f"slow transfer where the fastest tenth of the calls is ≥ {SLOW_RATIO:.2g}× the calibration's "
                       f"fastest tenth and the excess ≥ {SLOW_BAR:.0%} of end-to-end time"
-                      if bar else "slow transfer not flagged: no calibration of this machine"))
+                      if calibrated(baseline) else "slow transfer not flagged: no calibration of this machine"))
     return out
 
 

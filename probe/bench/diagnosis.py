@@ -90,12 +90,10 @@ class Outcome:
     numbers: dict = field(default_factory=dict)
 
 
-def _culprit_of(cause: str, layout: str) -> int | None:
-    if cause in ("slow-rank", "host-stall"):
-        return 1
-    if cause == "hot-expert":
-        return 1  # expert 3 of 4 on EP=2: rank 1 holds experts 2 and 3
-    return None
+def _culprit_of(cause: str) -> int | None:
+    """The rank every fault of the suite makes late: rank 1 (a hot expert: expert 3 of 4 on EP=2 is
+    rank 1's); none for a slower link or jitter, which every rank has."""
+    return 1 if cause in ("slow-rank", "host-stall", "hot-expert") else None
 
 
 def cases(quick: bool = False, backends: tuple[str, ...] = ("dda", "gloo"), healthy: int = 2) -> list[Case]:
@@ -180,7 +178,8 @@ def _found(case: Case, res: dict, healthy: dict) -> tuple[float | None, float | 
     return found, dose * LAYERS * (ranks - 1)
 
 
-def score(case: Case, res: dict, healthy: dict | None, seconds: float) -> Outcome:
+def score(case: Case, res: dict, seconds: float) -> Outcome:
+    """The case's outcome from its analysis (the time found is added against the healthy run later)."""
     p = _phase(res, case.layout)
     c = p.get("communication_cause") or {"causes": [], "cause": "none"}
     top = c["causes"][0] if c["causes"] else None
@@ -188,10 +187,9 @@ def score(case: Case, res: dict, healthy: dict | None, seconds: float) -> Outcom
     culprit = top.get("rank") if top else None
     category = top.get("category") if top else None
     right = given == case.expect and (given == "none" or (culprit == case.culprit and category == case.category))
-    found, injected = _found(case, res, healthy) if healthy is not None else (None, None)
     numbers = {k: c.get(k) for k in ("class", "transfer_share", "wait_share", "transfer_vs_baseline", "culprit",
                                      "wait_caused_by")}
-    return Outcome(case, given, culprit, category, p["verdict"], p["summary"], right, found, injected, seconds, numbers)
+    return Outcome(case, given, culprit, category, p["verdict"], p["summary"], right, seconds=seconds, numbers=numbers)
 
 
 def run_suite(todo: list[Case], workdir: Path | None = None, timeout: float = 120.0,
@@ -218,7 +216,7 @@ def run_suite(todo: list[Case], workdir: Path | None = None, timeout: float = 12
         if case.cause is None:
             healthy[key] = res
         results.append(res)
-        outcomes.append(score(case, res, None, time.perf_counter() - t))
+        outcomes.append(score(case, res, time.perf_counter() - t))
     for o, res in zip(outcomes, results):  # time found against the healthy run of the same layout and backend
         h = healthy.get((o.case.layout, o.case.backend))
         if h is not None:
