@@ -151,3 +151,18 @@ def test_the_fault_travels_with_the_bundle_and_the_invariants_hold(suite):
     res = analyze(d, calibration=root / "ref-tp2-dda")
     assert invariant_violations(res) == []
     assert res["phases"]["decode"]["communication_cause"]["baseline"]["source"] == "sweep"
+
+
+def test_the_suite_builds_every_case_with_its_truth():
+    """The cases `bench diagnosis` runs (built, not run): 66 in the full suite, 9 quick, each expecting
+    the cause and culprit its fault injects (rank 1 for a slow rank, a stall and expert 3's rank)."""
+    from commprobe.probe.bench.diagnosis import cases
+
+    full, quick = cases(), cases(quick=True)
+    assert len(full) == 66 and len(quick) == 9
+    for c in full + quick:
+        if c.cause is None or c.dose_name == "below":
+            assert (c.expect, c.culprit) == ("none", None), c
+        else:
+            want = ("slow-transfer", None) if c.cause == "slow-link" else ("skew", None if c.cause == "jitter" else 1)
+            assert (c.expect, c.culprit) == want, c

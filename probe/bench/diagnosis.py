@@ -110,7 +110,7 @@ def cases(quick: bool = False, backends: tuple[str, ...] = ("dda", "gloo"), heal
         below = dose == 0
         expect = "none" if below else ("slow-transfer" if cause == "slow-link" else "skew")
         return Case(layout, backend, cause, DOSE_NAMES[dose], spec, expect,
-                    None if below else _culprit_of(cause, layout), cat)
+                    None if below else _culprit_of(cause), cat)
 
     if quick:
         return [make(*q) for q in QUICK if q[1] in backends]
