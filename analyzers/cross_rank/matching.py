@@ -41,9 +41,15 @@ def align_offsets(calls_by_rank: dict[int, Calls]) -> dict[int, float]:
 
 def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = None) -> dict:
     """Calls with the same key on every rank are one collective; the last to arrive sets the
-    transfer time, the rest of each rank's duration is waiting for it. `_waits` holds, per rank,
-    (wait, transfer, last) arrays parallel to its calls: NaN wait and transfer where unmatched;
-    `last` the rank that arrived last at that call (-1 where unmatched)."""
+    transfer time, the rest of each rank's duration is waiting, caused by the last arriver, except
+    `held`: a rank that stays in the call after the last arriver has left, for longer than it had
+    waited for it, was delayed inside the call itself (stopped, descheduled after arriving); that
+    excess is caused by itself. (Arrival times alone would blame the last arriver for a stop that
+    lands after arrival: a starved vLLM worker, 166 µs of waiting then 6.3 ms stopped in the call.
+    A stay shorter than the wait is the waiter's wake-up lag: a CP rank waking 0.3-1.9 ms late
+    after 5-7 ms waits for a host-stalled peer.) `_waits` holds, per rank, (wait, transfer, last, held) arrays parallel
+    to its calls: NaN wait, transfer and held where unmatched; `last` the rank that arrived last at
+    that call (-1 where unmatched)."""
     offsets = offsets or {r: 0.0 for r in calls_by_rank}
     ranks = sorted(calls_by_rank)
     keys = _global_keys(calls_by_rank)
@@ -57,10 +63,11 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     full = size == len(ranks) if len(ranks) >= 2 else np.zeros(len(first), bool)
     wait = np.full(len(key), np.nan)
     transfer = np.full(len(key), np.nan)
+    held = np.full(len(key), np.nan)
     last_rank = np.full(len(key), -1, np.int64)
     nr = len(ranks)
     per = {"transfer_us": np.zeros(nr), "wait_us": np.zeros(nr), "calls": np.zeros(nr, np.int64),
-           "times_last": np.zeros(nr, np.int64), "caused_wait_us": np.zeros(nr)}
+           "times_last": np.zeros(nr, np.int64), "caused_wait_us": np.zeros(nr), "held_us": np.zeros(nr)}
     matched = int(full.sum())
     if matched:
         members = order[(first[full][:, None] + np.arange(nr)[None, :]).reshape(-1)].reshape(-1, nr)
@@ -69,21 +76,27 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
         t = np.repeat(dur[last], nr)
         m = members.reshape(-1)
         w = np.maximum(0.0, dur[m] - t)
-        wait[m], transfer[m] = w, t
+        # after the last arriver had left: up to the wait before it, the waiter's wake-up lag (its
+        # futex or poll backoff, the scheduler; measured up to a third of the wait), beyond, its own delay
+        late = np.clip(start[m] + dur[m] - np.repeat(start[last] + dur[last], nr), 0.0, w)
+        h = np.maximum(0.0, 2 * late - w)  # late - (w - late): what the wait before it cannot explain
+        wait[m], transfer[m], held[m] = w, t, h
         last_rank[m] = np.repeat(np.asarray(ranks, np.int64)[rank_pos[last]], nr)
         per["transfer_us"] = np.bincount(rank_pos[m], dur[m] - w, nr)
         per["wait_us"] = np.bincount(rank_pos[m], w, nr)
         per["calls"] = np.bincount(rank_pos[m], minlength=nr)
         per["times_last"] = np.bincount(rank_pos[last], minlength=nr)
-        per["caused_wait_us"] = np.bincount(np.repeat(rank_pos[last], nr), w, nr)
+        per["held_us"] = np.bincount(rank_pos[m], h, nr)
+        per["caused_wait_us"] = np.bincount(np.repeat(rank_pos[last], nr), w - h, nr) + per["held_us"]
     rows = [{"rank": r, "transfer_us": float(per["transfer_us"][i]), "wait_us": float(per["wait_us"][i]),
              "calls": int(per["calls"][i]), "times_last": int(per["times_last"][i]),
-             "caused_wait_us": float(per["caused_wait_us"][i])} for i, r in enumerate(ranks)]
+             "caused_wait_us": float(per["caused_wait_us"][i]), "held_us": float(per["held_us"][i])}
+            for i, r in enumerate(ranks)]
     straggler = ranks[int(np.argmax(per["caused_wait_us"]))] if matched else None
     if straggler is not None and per["caused_wait_us"].max() == 0:
         straggler = None
     bounds = np.cumsum([0] + [len(calls_by_rank[r]) for r in ranks])
-    waits = {r: (wait[bounds[i]:bounds[i + 1]], transfer[bounds[i]:bounds[i + 1]], last_rank[bounds[i]:bounds[i + 1]])
+    waits = {r: tuple(a[bounds[i]:bounds[i + 1]] for a in (wait, transfer, last_rank, held))
              for i, r in enumerate(ranks)}
     return {"matched_calls": matched, "ranks": rows, "straggler": straggler,
             "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits}
