@@ -20,7 +20,7 @@ from commprobe.common.bundle import FLIGHT_RECORDER, read_manifest, single_manif
 from commprobe.common.errors import InputError
 from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
-from .cross_rank import cause, matching
+from .cross_rank import cause, headroom, matching
 from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
 from .cross_rank.verdict import phase_summary
@@ -79,6 +79,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     axis_reasons: dict[str, str] = {}
     compile_rank_from(rank_from)  # a bad pattern is one line before any file is read
     sweep = calibration_rows(calibration) if calibration else None
+    cal_source = "; ".join(str(c) for c in _paths(calibration)) if calibration else None
     rank_set = RankSet(path)
     files_in = trace_files(path)
     coords = name_table([remote.name_of(f) if url else Path(f).name for f in files_in])
@@ -127,11 +128,22 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     matched = matching.match(calls, offsets)
     waits = matched.pop("_waits")
     baselines, floors, baseline = cause.call_baselines(calls, waits, sweep, manifest)
-    _phase_waits(ranks, calls, waits, baselines, floors)
+    own = cause.backend_of(manifest, []) if sweep else None  # the run's own, never guessed from the calibration
+    tgt = {r: headroom.targets(c, sweep, len(calls)) for r, c in calls.items()} if sweep else {}
+    offset, raw_offset = headroom.conditions(calls, waits, tgt, own)
+    _phase_waits(ranks, calls, waits, baselines, floors, tgt, offset)
     buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
     axes = _provenance(calls, field=1)
     phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline)
+    room = None
+    if sweep:
+        room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source)
+        room["collectives"] = headroom.collectives(calls, waits, tgt, offset)
+        for ph, p in phases.items():
+            line = headroom.advice(room, ph)
+            if line:
+                p["recommendations"].insert(0, line)
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None, "rank_rule": chosen.rule,
@@ -153,16 +165,34 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         "telemetry": None if url else _telemetry(path, manifest, origin),
         "unclassified": {"count": sum(unknown.values()),
                          "names": [{"name": n, "count": c} for n, c in sorted(unknown.items(), key=lambda kv: -kv[1])[:50]]},
+        "headroom": room,
         "elapsed_s": time.perf_counter() - t0,
     }, calls, waits
 
 
-def calibration_rows(path: str | Path) -> list[dict]:
-    """The zero-skew baseline's rows (backend, op, bytes, world, time_us): a sweep's JSON
+def _paths(calibration) -> list:
+    """One calibration path, several (a list), or several joined by commas."""
+    if isinstance(calibration, (list, tuple)):
+        return [p for c in calibration for p in _paths(c)]
+    return [p for p in str(calibration).split(",") if p] if isinstance(calibration, str) else [calibration]
+
+
+def calibration_rows(path) -> list[dict]:
+    """The calibration's rows (backend, op, bytes, world, time_us, p10_us): a sweep's JSON
     (`commprobe bench collectives --json`), or a healthy run of the same job (a bundle, traces or
     their analysis JSON): its median transfer per op and size, measured as the trace measures
-    (profiler spans included, which a sweep leaves out)."""
-    p = Path(path)
+    (profiler spans included, which a sweep leaves out). A bundle of several backends (`profile
+    --backend gloo,dda`) gives each backend's rows; several paths (a list, or joined by commas)
+    give all their rows: the zero-skew baseline takes the trace's own backend's, the headroom
+    (cross_rank/headroom.py) every backend's."""
+    paths = _paths(path)
+    if len(paths) != 1:
+        return [row for p in paths for row in calibration_rows(p)]
+    p = Path(paths[0])
+    if p.is_dir() and (p / "manifest.json").is_file():
+        subs = sub_bundles(read_manifest(p))
+        if subs:
+            return [row for d in subs.values() for row in calibration_rows(p / d)]
     if p.suffix == ".json" and p.is_file():
         try:
             doc = json.loads(p.read_text())
@@ -178,7 +208,7 @@ def calibration_rows(path: str | Path) -> list[dict]:
     backend = cause.backend_of(res.get("manifest"), [])
     rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
              "time_us": b["median_us"], "p10_us": float(np.percentile(b["samples_us"], 10)) if b["samples_us"] else
-             b["median_us"], "count": b["count"]}
+             b["median_us"], "count": b["count"], **({"mean_us": b["mean_cost_us"]} if "mean_cost_us" in b else {})}
             for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
     if not rows or not backend:
         raise cause.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and its "
@@ -202,7 +232,7 @@ def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:
 
 
 def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | None = None,
-                 floors: dict | None = None) -> None:
+                 floors: dict | None = None, targets: dict | None = None, offset: dict | None = None) -> None:
     """Per rank, phase and communication category: `exposed_wait_us`, the part of the exposed time
     spent waiting for a straggler (matched calls that start in the phase's windows; on a host
     timeline all of a collective's time is exposed, on a device the wait is capped by the
@@ -233,6 +263,8 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | 
                 sel = inside & mine
                 cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
                 cause.accumulate(rk, phase, name, mine, waits[r], base, floor)
+                if targets and targets.get(r):
+                    headroom.accumulate(rk, phase, name, mine, rc, waits[r], targets[r], offset or {})
             for c in COMM_CATS:
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 

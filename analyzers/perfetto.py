@@ -230,7 +230,7 @@ def _waits(w: _Writer, r: int, calls, waits, offsets: dict, written: dict, windo
     The calls are on the run's clock; each rank's offset applies to its own."""
     if calls is None or waits is None or not len(calls):
         return 0.0
-    wait, transfer, last, held = waits
+    wait, transfer, last, held = waits[:4]
     sel = ~np.isnan(wait) & (wait > 0)
     if window:
         spans = written[r]["windows"].get(window, [])

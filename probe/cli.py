@@ -141,9 +141,11 @@ def analyze(
     rank_from: str | None = typer.Option(None, help="Nsight exports: a regex whose first group, in the file name, "
                                                     "is the rank (e.g. 'node(\\d+)')."),
     wide: bool = typer.Option(False, "--wide", help="Every category a column, those with no time too."),
-    calibration: str | None = typer.Option(None, help="This machine's collective sweep (`commprobe bench collectives "
-                                           "--json > FILE`): the zero-skew baseline that tells a slow transport from "
-                                           "its floor (default: the trace's own fastest calls)."),
+    calibration: str | None = typer.Option(None, help="This machine's collectives measured: a sweep (`commprobe bench "
+                                           "collectives --json > FILE`) or a profiled run per backend (`profile "
+                                           "--backend gloo,dda`), several joined by commas: the zero-skew baseline that "
+                                           "tells a slow transport from its floor (default: the trace's own fastest "
+                                           "calls), and what switching to each backend would save (headroom)."),
     perfetto: str | None = typer.Option(None, help="Also write one merged trace of every rank, aligned, with the "
                                         "findings as tracks (phases and verdicts, exposed communication, waiting for "
                                         "rank R, flows from the last arriver): OUT.json or OUT.json.gz, for "

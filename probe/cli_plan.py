@@ -30,9 +30,32 @@ def plan(
     what_if: str | None = typer.Option(None, help="Alternatives, e.g. 'allreduce=dda|x0.5, all_to_all=overlap, tp=4,8,16'."),
     sort: str = typer.Option("ttit", help="Sort the what-if table by ttit or ttft."),
     json_out: bool = typer.Option(False, "--json", help="Print the prediction(s) as JSON."),
+    from_trace: str | None = typer.Option(None, "--from", help="A bundle or trace(s): predict *its* phases under "
+                                          "--what-if backend=B or OP=B (e.g. allreduce=dda), from its own calls and "
+                                          "--calibration."),
+    calibration: str | None = typer.Option(None, help="With --from: the machine's collectives measured (a sweep's "
+                                           "JSON, or a `profile --backend gloo,dda` bundle; several joined by commas)."),
 ) -> None:
     """Predict TTFT, TTIT, tokens/s and exposed communication for a layout on given hardware."""
     if ctx.invoked_subcommand is not None:
+        return
+    if from_trace:
+        from commprobe.analyzers.analysis import analyze
+        from commprobe.analyzers.readers.model import TraceError
+        from commprobe.analyzers.whatif import parse, predict
+        from commprobe.reports.terminal import render_trace_whatif
+
+        if not what_if or not calibration:
+            fail("plan --from needs --what-if backend=B (or OP=B) and --calibration")
+        try:
+            parse(what_if)
+            doc = predict(analyze(from_trace, calibration=calibration), from_trace, what_if)
+        except (TraceError, ValueError, OSError) as e:
+            fail(str(e))
+        if json_out:
+            print(jsonout.dumps(doc))
+        else:
+            render_trace_whatif(doc, console)
         return
 
     from commprobe.plan.request import PlanRequest, plan_doc

@@ -23,7 +23,7 @@ from .sections import (
     timelines_figure,
 )
 from .sections import esc as _esc
-from .sections import cause_section
+from .sections import cause_section, headroom_section
 from .sections import verdict_class as _verdict_class
 
 CATS = WORK_CATEGORIES
@@ -217,6 +217,7 @@ threshold {result['threshold']:.0%}{_esc(_read_as(src))}.</p>
 <h2>Verdict{_esc(f" ({next(iter(by_backend))})") if len(by_backend) > 1 else ''}</h2><ul id="verdicts">{verdicts}</ul>
 {f'<ul id="notes">{notes}</ul>' if notes else ''}
 {cause_section(result)}
+{headroom_section(result)}
 {engine_phases_section(result)}
 <h2>How each axis was decided</h2>
 <p>declared: our spans or a process group that names its axis; inferred: from the op (allreduce: TP,

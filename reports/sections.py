@@ -44,7 +44,7 @@ def _pct(x) -> str:
 
 
 def _us(x) -> str:
-    return "–" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+    return "–" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def _ratio(x) -> str:
@@ -183,3 +183,41 @@ def cause_section(result: dict) -> str:
             'trace\'s own fastest calls).</p><table id="communication-cause"><tr><th>phase</th><th>class</th>'
             '<th>transfer</th><th>waiting</th><th>culprit</th><th>transfer / baseline</th><th>baseline from</th>'
             f'<th>calls matched</th><th>causes flagged</th></tr>{body}</table>')
+
+
+def headroom_rows(result: dict) -> list[dict]:
+    """Per phase and calibrated backend: what switching every collective to it would save per
+    window (µs; negative: it would cost), the share of the phase's time, and the best backend."""
+    h = result.get("headroom") or {}
+    rows = []
+    for ph, p in (h.get("phases") or {}).items():
+        for b, s in p["backends"].items():
+            rows.append({"phase": ph, "backend": b, "best": b == p["best"], "own": b == h.get("own_backend"),
+                         "saved_us": s["saved_us_per_window"], "share": s["share"],
+                         "covered": f"{s['covered']}/{s['calls']}", "e2e_us": p["e2e_us_per_window"]})
+    return rows
+
+
+def headroom_section(result: dict) -> str:
+    """What switching would save, per phase and backend, and per collective size (HTML)."""
+    rows = headroom_rows(result)
+    if not rows:
+        return ""
+    h = result["headroom"]
+    body = "".join(
+        f"<tr><th>{esc(r['phase'])}</th><td>{esc(r['backend'])}{' (this trace)' if r['own'] else ''}"
+        f"{' ★' if r['best'] else ''}</td><td>{_us(r['e2e_us'])}</td><td>{_us(r['saved_us'])}</td>"
+        f"<td>{_pct(r['share'])}</td><td>{esc(r['covered'])}</td></tr>" for r in rows)
+    coll = "".join(
+        f"<tr><td>{esc(c['op'])}</td><td>{esc(c['axis'])}</td><td>{c['group_size']}</td><td>{c['bytes_bucket']}</td>"
+        f"<td>{c['calls']}</td><td>{_us(c['achieved_us'])}</td><td>{esc(c['best_backend'] or '–')}</td>"
+        f"<td>{_us((c['calibrated_us'] or {}).get(c['best_backend']))}</td><td>{_us(c['headroom_us'])}</td></tr>"
+        for c in h.get("collectives") or [])
+    notes = "".join(f"<p class='note'>{esc(n)}</p>" for n in h.get("notes") or [])
+    return ('<h2>What switching would save</h2><p>Per phase, per window (a decode window is one token): '
+            f'{esc(h["rule"])}. Calibration: {esc(h.get("calibration"))}.</p>{notes}'
+            '<table id="headroom"><tr><th>phase</th><th>backend</th><th>µs per window</th><th>saved µs per window'
+            '</th><th>share</th><th>calls calibrated</th></tr>' + body + '</table>'
+            '<table id="headroom-collectives"><tr><th>op</th><th>axis</th><th>ranks</th><th>≤ bytes</th><th>calls</th>'
+            '<th>achieved µs</th><th>best backend</th><th>its µs</th><th>headroom µs per call</th></tr>'
+            + coll + '</table>')

@@ -59,6 +59,44 @@ def cause_table(result: dict) -> Table | None:
     return t
 
 
+def headroom_table(result: dict) -> Table | None:
+    """Per phase and calibrated backend: what switching would save per window."""
+    from .sections import headroom_rows
+
+    rows = headroom_rows(result)
+    if not rows:
+        return None
+    t = Table(title="What switching would save (per window; a decode window is one token)",
+              caption="transfer and the waiting its transport carried over, less the backend's calibrated cost; "
+                      "★ best, negative: it would cost")
+    for col in ("phase", "backend", "µs per window", "saved µs", "share", "calls calibrated"):
+        t.add_column(col, justify="left" if col in ("phase", "backend") else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(r["phase"], escape(r["backend"]) + (" (this trace)" if r["own"] else "") + (" ★" if r["best"] else ""),
+                  f"{r['e2e_us']:,.0f}", f"{r['saved_us']:,.0f}", f"{r['share']:.0%}", r["covered"])
+    return t
+
+
+def render_trace_whatif(doc: dict, console: Console) -> None:
+    """`plan --from PATH --what-if ...`: each phase measured, saved and predicted."""
+    sw = doc["switch"]
+    console.print(f"[bold]what if[/] {escape(sw['what'])} → {escape(sw['backend'])} in {escape(doc['from'])} "
+                  f"(now {escape(str(doc['own_backend'] or 'unknown'))}; calibration: {escape(str(doc['calibration']))})",
+                  highlight=False)
+    t = Table(caption=escape(doc["rule"]))
+    for col in ("phase", "trace µs/window", "saved µs", "predicted µs", "un-profiled", "predicted", "calls"):
+        t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=True)
+    for ph, p in doc["phases"].items():
+        m = p.get("metric")
+        t.add_row(ph, f"{p['trace_us_per_window']:,.0f}", f"{p['saved_us_per_window']:,.0f}",
+                  f"{p['predicted_us_per_window']:,.0f}",
+                  f"{m.upper()} {p['measured_ms']:.3f} ms" if m else "–",
+                  f"{p['predicted_ms']:.3f} ms" if m else "–", f"{p['covered']}/{p['calls']}")
+    console.print(t)
+    for n in doc.get("notes") or []:
+        console.print(f"note: {escape(n)}", highlight=False)
+
+
 def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
     src = result["source"]
     console.print(f"[bold]commprobe analyze[/]: {escape(src['path'])} ({len(src['files'])} rank trace(s), "
@@ -80,6 +118,9 @@ def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
     split = cause_table(result)
     if split is not None:
         console.print(split)
+    room = headroom_table(result)
+    if room is not None:
+        console.print(room)
     coll = result["collectives"]
     if coll["matched_calls"]:
         t = Table(title=f"Collectives matched across ranks: {coll['matched_calls']} calls"

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from commprobe.analyzers.analysis import analyze
-from tests.conftest import invariant_violations
+from tests.conftest import invariant_violations, run_cli
 from tests.vllm_engine import (
     allreduce_in_steps,
     complete,
@@ -82,6 +82,39 @@ def test_a_real_vllm_profile_directory_analyzes_with_its_steps_and_allreduces(vl
         # truth 2: vLLM's CPU TP allreduce, its time inside the steps
         got_us = sum(p["categories"]["tp_allreduce"]["total_us"] for p in rank["phases"].values())
         assert got_us == pytest.approx(allreduce_in_steps(ev, windows), rel=0.01)
+
+
+def test_the_engines_allreduce_has_headroom_against_our_dda_sweep(vllm_profile, tmp_path):
+    """vLLM's CPU TP allreduce (`_C::shm_allreduce`) against commprobe's DDA measured on this machine
+    at its sizes (a `bench collectives` sweep): headroom only, since vLLM's allreduce is its own and
+    commprobe cannot switch it (issue: what switching would save). The DDA time at each size is
+    checked against the sweep's rows by this test's own interpolation."""
+    import numpy as np
+
+    sweep = tmp_path / "dda.json"
+    r = run_cli("bench", "collectives", "--backend", "dda", "--min", "256", "--max", "64K", "--batches", "3", "--json")
+    assert r.returncode == 0, r.stderr[-1000:]
+    sweep.write_text(r.stdout)
+    rows = [x for x in json.loads(r.stdout) if x["op"] == "allreduce"]
+    res = analyze(vllm_profile, calibration=str(sweep))
+    h = res["headroom"]
+    assert h["own_backend"] is None and h["backends"] == ["dda"]
+    ar = [c for c in h["collectives"] if c["op"] == "allreduce" and c["calibrated_us"]]  # sizes known
+    assert ar, h["collectives"]
+    xs, ys = np.log([x["bytes"] for x in rows]), np.log([x["time_us"] for x in rows])
+    durs = [e["dur"] for t in sorted(vllm_profile.glob("rank*.pt.trace.json.gz")) for e in raw(t)
+            if e["name"] == "_C::shm_allreduce"]
+    for c in ar:
+        assert c["calibrated_us"]["dda"] == pytest.approx(float(np.exp(np.interp(np.log(c["bytes_bucket"]), xs, ys))),
+                                                          rel=0.35)  # the bucket's bound vs its calls' mean size
+        assert c["achieved_us"] <= max(durs) and c["headroom_us"] == pytest.approx(
+            max(0.0, c["achieved_us"] - c["calibrated_us"]["dda"]))
+    print("vLLM shm_allreduce vs DDA:", [(c["bytes_bucket"], c["calls"], round(c["achieved_us"], 1),
+                                         round(c["calibrated_us"]["dda"], 1)) for c in ar],
+          {ph: (round(p["headroom_us_per_window"]), round(p["headroom_share"], 3)) for ph, p in h["phases"].items()})
+    for p in res["phases"].values():
+        assert not any(x.startswith("switching") for x in p["recommendations"])
+        assert all("headroom only" in x for x in p["recommendations"] if "slower than dda" in x)
 
 
 def test_commprobe_capture_against_the_real_server(vllm_server, vllm_profile, tmp_path):

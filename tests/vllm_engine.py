@@ -100,7 +100,8 @@ def serve(python: str, tmp: Path, moe: bool = False):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
+    cfg = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False,
+           "torch_profiler_record_shapes": True}  # message sizes (headroom at its sizes)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     log = open(tmp / "server.log", "w")
     server = subprocess.Popen(

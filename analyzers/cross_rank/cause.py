@@ -96,7 +96,7 @@ def backend_of(manifest: dict | None, rows: list[dict]) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def _sweep_lookup(rows: list[dict], backend: str, op: str, world: int, nbytes: np.ndarray,
+def lookup(rows: list[dict], backend: str, op: str, world: int, nbytes: np.ndarray,
                   field: str = "time_us") -> np.ndarray:
     """Per call, the calibration's `field` at that size (log-log interpolation, clamped to the
     calibration's ends); NaN where it has no row for the op."""
@@ -129,8 +129,8 @@ def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
                 sel = ops == op
                 sizes = c.bytes[sel].astype(float)
                 gs = int(np.median(c.group_size[sel])) if sel.any() else 0
-                out[r][sel] = _sweep_lookup(calibration, backend, op, gs or len(calls), sizes)
-                floor[r][sel] = _sweep_lookup(calibration, backend, op, gs or len(calls), sizes, "p10_us")
+                out[r][sel] = lookup(calibration, backend, op, gs or len(calls), sizes)
+                floor[r][sel] = lookup(calibration, backend, op, gs or len(calls), sizes, "p10_us")
         return out, floor, {
             "source": "sweep", "backend": backend,
             "rule": f"zero-skew baseline: this machine's calibration of {backend} (a `commprobe bench collectives` "
@@ -175,7 +175,7 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, ba
     (a histogram), and waiting per rank that caused it: the last arriver, and the waiter itself
     for the part it spent in the call after the last arriver had left (`held`, matching.match)."""
     acc = rk["phases"][phase].setdefault("comm_calls", {}).setdefault(cat, _empty())
-    wait, transfer, last, held = waits
+    wait, transfer, last, held = waits[:4]
     m = sel & ~np.isnan(transfer)
     acc["calls"] += int(sel.sum())
     acc["matched"] += int(m.sum())

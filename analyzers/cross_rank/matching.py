@@ -47,9 +47,13 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     excess is caused by itself. (Arrival times alone would blame the last arriver for a stop that
     lands after arrival: a starved vLLM worker, 166 µs of waiting then 6.3 ms stopped in the call.
     A stay shorter than the wait is the waiter's wake-up lag: a CP rank waking 0.3-1.9 ms late
-    after 5-7 ms waits for a host-stalled peer.) `_waits` holds, per rank, (wait, transfer, last, held) arrays parallel
-    to its calls: NaN wait, transfer and held where unmatched; `last` the rank that arrived last at
-    that call (-1 where unmatched)."""
+    after 5-7 ms waits for a host-stalled peer.) `carried`: the part of the waiting not held that
+    the last arriver's later exit from the waiter's previous collective explains: skew the
+    transport itself made, which a faster backend takes away with its transfer (measured: 73-77 %
+    of gloo's waiting here, 3-5 % of DDA's).
+
+    `_waits` holds, per rank, (wait, transfer, last, held, carried) arrays parallel to its calls:
+    NaN where unmatched, and `last` the rank that arrived last at the call (-1 where unmatched)."""
     offsets = offsets or {r: 0.0 for r in calls_by_rank}
     ranks = sorted(calls_by_rank)
     keys = _global_keys(calls_by_rank)
@@ -64,10 +68,12 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     wait = np.full(len(key), np.nan)
     transfer = np.full(len(key), np.nan)
     held = np.full(len(key), np.nan)
+    carried = np.full(len(key), np.nan)
     last_rank = np.full(len(key), -1, np.int64)
     nr = len(ranks)
     per = {"transfer_us": np.zeros(nr), "wait_us": np.zeros(nr), "calls": np.zeros(nr, np.int64),
-           "times_last": np.zeros(nr, np.int64), "caused_wait_us": np.zeros(nr), "held_us": np.zeros(nr)}
+           "times_last": np.zeros(nr, np.int64), "caused_wait_us": np.zeros(nr), "held_us": np.zeros(nr),
+           "carried_us": np.zeros(nr)}
     matched = int(full.sum())
     if matched:
         members = order[(first[full][:, None] + np.arange(nr)[None, :]).reshape(-1)].reshape(-1, nr)
@@ -81,25 +87,47 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
         late = np.clip(start[m] + dur[m] - np.repeat(start[last] + dur[last], nr), 0.0, w)
         h = np.maximum(0.0, 2 * late - w)  # late - (w - late): what the wait before it cannot explain
         wait[m], transfer[m], held[m] = w, t, h
+        skew = _exit_skew(key, rank_pos, start + dur, np.repeat(rank_pos[last], nr), m)
+        carried[m] = np.clip(np.nan_to_num(skew, nan=0.0), 0.0, w - h)
         last_rank[m] = np.repeat(np.asarray(ranks, np.int64)[rank_pos[last]], nr)
         per["transfer_us"] = np.bincount(rank_pos[m], dur[m] - w, nr)
         per["wait_us"] = np.bincount(rank_pos[m], w, nr)
         per["calls"] = np.bincount(rank_pos[m], minlength=nr)
         per["times_last"] = np.bincount(rank_pos[last], minlength=nr)
         per["held_us"] = np.bincount(rank_pos[m], h, nr)
+        per["carried_us"] = np.bincount(rank_pos[m], carried[m], nr)
         per["caused_wait_us"] = np.bincount(np.repeat(rank_pos[last], nr), w - h, nr) + per["held_us"]
     rows = [{"rank": r, "transfer_us": float(per["transfer_us"][i]), "wait_us": float(per["wait_us"][i]),
              "calls": int(per["calls"][i]), "times_last": int(per["times_last"][i]),
-             "caused_wait_us": float(per["caused_wait_us"][i]), "held_us": float(per["held_us"][i])}
+             "caused_wait_us": float(per["caused_wait_us"][i]), "held_us": float(per["held_us"][i]),
+             "carried_us": float(per["carried_us"][i])}
             for i, r in enumerate(ranks)]
     straggler = ranks[int(np.argmax(per["caused_wait_us"]))] if matched else None
     if straggler is not None and per["caused_wait_us"].max() == 0:
         straggler = None
     bounds = np.cumsum([0] + [len(calls_by_rank[r]) for r in ranks])
-    waits = {r: tuple(a[bounds[i]:bounds[i + 1]] for a in (wait, transfer, last_rank, held))
+    waits = {r: tuple(a[bounds[i]:bounds[i + 1]] for a in (wait, transfer, last_rank, held, carried))
              for i, r in enumerate(ranks)}
     return {"matched_calls": matched, "ranks": rows, "straggler": straggler,
             "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits}
+
+
+def _exit_skew(key: np.ndarray, rank_pos: np.ndarray, end: np.ndarray, last_pos: np.ndarray,
+               m: np.ndarray) -> np.ndarray:
+    """Per member call `m` (global indices, calls concatenated rank by rank in start order): how
+    much later its last arriver left the waiter's previous collective than the waiter did (NaN
+    where the waiter has no previous call or the last arriver has no call of that key)."""
+    dense = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    nkeys = int(dense.max()) + 1 if len(dense) else 1
+    combined = rank_pos.astype(np.int64) * nkeys + dense
+    order = np.argsort(combined, kind="stable")
+    prev = m - 1
+    ok = (prev >= 0) & (rank_pos[np.maximum(prev, 0)] == rank_pos[m])
+    want = last_pos * nkeys + dense[np.maximum(prev, 0)]
+    at = np.minimum(np.searchsorted(combined[order], want), len(order) - 1)
+    j = order[at]
+    ok &= combined[j] == want
+    return np.where(ok, end[j] - end[np.maximum(prev, 0)], np.nan)
 
 
 MAX_SAMPLES = 256  # per bucket, kept in the result for the regression gate's statistics
@@ -109,10 +137,12 @@ def size_buckets(calls_by_rank: dict[int, Calls], waits: dict) -> list[dict]:
     """Per (op, axis, power-of-two size bucket): count, median/p90 latency, algbw, busbw.
 
     Latency of a matched call is its transfer time (waiting for a straggler is not the
-    network's fault); of an unmatched call, its duration.
+    network's fault); of an unmatched call, its duration. `mean_cost_us`: the mean of the latency
+    plus the waiting the transport carried over (`carried`): what a call of this backend costs a
+    step on average, the figure a backend switch is predicted with (cross_rank/headroom.py).
     """
     kinds: dict[tuple, int] = {}
-    cols: dict[str, list] = {"kind": [], "bucket": [], "lat": [], "bytes": [], "n": []}
+    cols: dict[str, list] = {"kind": [], "bucket": [], "lat": [], "bytes": [], "n": [], "cost": []}
     for r, c in calls_by_rank.items():
         ok = c.bytes > 0  # NaN compares false: unknown sizes are left out
         if not ok.any():
@@ -120,6 +150,8 @@ def size_buckets(calls_by_rank: dict[int, Calls], waits: dict) -> list[dict]:
         lut = np.array([kinds.setdefault(kd, len(kinds)) for kd in c.kinds], np.int64)
         tr = waits[r][1] if r in waits else np.full(len(c), np.nan)
         lat = np.where(np.isnan(tr), c.end - c.start, tr)
+        carried = np.nan_to_num(waits[r][4]) if r in waits else np.zeros(len(c))
+        cols["cost"].append((lat + carried)[ok])
         cols["kind"].append(lut[c.kind[ok]])
         cols["bucket"].append(np.left_shift(1, np.maximum(0, np.ceil(np.log2(c.bytes[ok]))).astype(np.int64)))
         cols["lat"].append(lat[ok])
@@ -127,7 +159,7 @@ def size_buckets(calls_by_rank: dict[int, Calls], waits: dict) -> list[dict]:
         cols["n"].append(np.where(c.group_size[ok] > 0, c.group_size[ok], len(calls_by_rank)))
     if not kinds or not cols["kind"]:
         return []
-    kind, bucket, lat, nbytes, n = (np.concatenate(cols[x]) for x in ("kind", "bucket", "lat", "bytes", "n"))
+    kind, bucket, lat, nbytes, n, cost = (np.concatenate(cols[x]) for x in ("kind", "bucket", "lat", "bytes", "n", "cost"))
     names = list(kinds)
     rows = []
     combo = kind * (1 << 48) + bucket  # buckets are powers of two far below 2^48
@@ -147,6 +179,7 @@ def size_buckets(calls_by_rank: dict[int, Calls], waits: dict) -> list[dict]:
         algbw = mean_bytes / med / 1e3 if med > 0 else 0.0  # bytes/µs -> GB/s
         rows.append({"op": op, "axis": axis, "axis_source": src, "category": cat, "bucket_bytes": int(b), "count": len(idx),
                      "median_us": med, "p90_us": float(np.percentile(lats, 90)), "mean_bytes": mean_bytes,
+                     "mean_cost_us": float(np.mean(cost[idx])),
                      "group_size": gs, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, gs),
                      "samples_us": thin(lats, MAX_SAMPLES, 3)})
     return rows

@@ -243,16 +243,19 @@ _INPUT_TYPE_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2
 
 
 def _input_bytes(args: dict) -> float:
-    """Bytes of the first recorded input (Input Dims x Input type), for host ops that record no
-    message size of their own (`nccl:all_to_all` in older PyTorch); NaN when it cannot be told."""
+    """Bytes of the first recorded tensor input (Input Dims x Input type), for host ops that record
+    no message size of their own (`nccl:all_to_all` in older PyTorch; vLLM's `_C::shm_allreduce`,
+    whose first input is a scalar: its group); NaN when it cannot be told."""
     dims, types = args.get("Input Dims"), args.get("Input type")
-    if not (isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]
-            and isinstance(types, list) and types and isinstance(types[0], str)):
+    if not (isinstance(dims, list) and isinstance(types, list)):
         return float("nan")
-    size = _INPUT_TYPE_BYTES.get(types[0].lower())
-    if size is None or not all(isinstance(d, int) and d >= 0 for d in dims[0]):
-        return float("nan")
-    return float(np.prod(dims[0], dtype=np.float64)) * size
+    for d, t in zip(dims, types):
+        if isinstance(d, list) and d and isinstance(t, str):
+            size = _INPUT_TYPE_BYTES.get(t.lower())
+            if size is None or not all(isinstance(x, int) and x >= 0 for x in d):
+                return float("nan")
+            return float(np.prod(d, dtype=np.float64)) * size
+    return float("nan")
 
 
 def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None, float, str | None, int, int]:
@@ -292,7 +295,8 @@ def classify(trace: Trace, rules: list[Rule] = (), coords: dict[int, dict[str, i
     comm_idx = np.flatnonzero(comm_mask(category))
     if len(comm_idx):
         # One answer per distinct (name class, args subset): events that share both share it.
-        needs = np.array([c.needs_args for c in name_classes], bool)
+        # args for classes that need them, and for those whose name tells no size (the recorded input's)
+        needs = np.array([c.needs_args or c.bytes != c.bytes for c in name_classes], bool)
         cls_of = inverse[comm_idx].astype(np.int64)
         rows = len(trace.arg_dicts) + 1  # arg_row + 1: 0 for "args not used"
         row = np.where(needs[cls_of], trace.arg_row[comm_idx], -1).astype(np.int64) + 1
@@ -343,4 +347,7 @@ def _comm_details(trace: Trace, nc: NameClass, name_id: int, arg_row: int):
     m = _OWN_SPAN.match(trace.names[name_id])
     if m and m.group(5):
         return nc.category, nc.op, nc.axis, nc.bytes, m.group(1), int(m.group(5)), DECLARED
-    return nc.category, nc.op, nc.axis, nc.bytes, None, 0, nc.axis_source
+    size = nc.bytes
+    if size != size and arg_row >= 0:  # no size in the name: the recorded input's, where shapes were recorded
+        size = _input_bytes(trace.arg_dicts[arg_row])
+    return nc.category, nc.op, nc.axis, size, None, 0, nc.axis_source

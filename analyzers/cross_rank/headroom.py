@@ -1,0 +1,212 @@
+"""What switching would save: each collective's achieved transfer time against every backend this
+machine's calibration measured at that op, group size and message size, rolled up per phase into
+µs per window (per token in decode), and the share of the phase's time.
+
+Only *transfer* can be saved by a faster backend: a call's time waiting for a late rank stays
+(matching.match splits the two). Only *exposed* transfer counts: the part of a category's time that
+compute hides would not shorten a step (each category's exposed share, per rank and phase, scales
+its saving). What a rank saves is averaged over the ranks (a collective finishes together).
+
+Conditions. A calibration is measured somewhere: a sweep (`commprobe bench collectives --json`,
+back-to-back calls, no profiler) or a healthy profiled run per backend (a `profile --backend
+gloo,dda` bundle). A profiled trace's call carries costs a sweep leaves out (profiler spans, a
+Python wrapper: DDA 3 µs in a sweep, 17 µs in a trace here). When the calibration also measured the
+trace's own backend, that cost is measured, per op: the median of (achieved - calibrated own) over
+the matched calls, floored at 0, added to every backend's calibrated time (`conditions_offset_us`).
+A negative difference (the trace faster than its own calibration: gloo back-to-back in a sweep,
+2 ms, against 0.4-0.8 ms between a model's layers) is reported, not used: the calibration was taken
+under other conditions, and the result says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .cause import lookup
+
+RULE = ("saving per call = its transfer and the waiting its transport carried over (waiting for a late rank "
+        "left out) - the target backend's calibrated mean cost at the call's op, group size and message size "
+        "(+ the conditions offset); scaled by the category's exposed share; summed per window, averaged over ranks")
+
+
+def targets(calls, rows: list[dict], n_ranks: int) -> dict[str, np.ndarray]:
+    """Per backend in the calibration, each call's calibrated time (µs; NaN where the calibration
+    has no row for its op)."""
+    if not len(calls):
+        return {}
+    ops = np.array([k[0] for k in calls.kinds] or [""], dtype=object)[calls.kind]
+    out = {}
+    for b in sorted({r["backend"] for r in rows if r.get("backend")}):
+        t = np.full(len(calls), np.nan)
+        for op in set(ops.tolist()):
+            sel = ops == op
+            gs = int(np.median(calls.group_size[sel])) if sel.any() else 0
+            t[sel] = lookup(rows, b, op, gs if gs > 0 else n_ranks, calls.bytes[sel].astype(float), "mean_us")
+        out[b] = t
+    return out
+
+
+def conditions(calls: dict, waits: dict, tgt: dict, own: str | None) -> tuple[dict[str, float], dict[str, float]]:
+    """Per op: (the offset added to every backend's calibrated time, the measured difference
+    before flooring). Empty without the own backend in the calibration."""
+    if not own:
+        return {}, {}
+    diff: dict[str, list] = {}
+    for r, c in calls.items():
+        t = tgt.get(r, {}).get(own)
+        if t is None or r not in waits or not len(c):
+            continue
+        tr = np.where(np.isnan(waits[r][1]), np.nan, _achieved(c, waits[r]))
+        ok = ~np.isnan(tr) & ~np.isnan(t)
+        ops = np.array([k[0] for k in c.kinds] or [""], dtype=object)[c.kind]
+        for op in set(ops[ok].tolist()):
+            m = ok & (ops == op)
+            diff.setdefault(op, []).append(tr[m] - t[m])
+    raw = {op: float(np.median(np.concatenate(v))) for op, v in diff.items()}
+    return {op: max(0.0, d) for op, d in raw.items()}, raw
+
+
+def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, calls, waits: tuple, tgt: dict,
+               offset: dict[str, float]) -> None:
+    """Add a rank's calls `sel` (in the phase's windows, of category `cat`) to the phase's
+    `switch_calls["cat|op"]`: calls, achieved transfer (µs; a call no other rank matched counts
+    whole) and, per backend, the saving over the calls it covers."""
+    ops = np.array([k[0] for k in calls.kinds] or [""], dtype=object)[calls.kind]
+    achieved = _achieved(calls, waits)
+    for op in set(ops[sel].tolist()):
+        m = sel & (ops == op)
+        acc = rk["phases"][phase].setdefault("switch_calls", {}).setdefault(
+            f"{cat}|{op}", {"calls": 0, "achieved_us": 0.0, "saved_us": {}, "covered": {}})
+        acc["calls"] += int(m.sum())
+        acc["achieved_us"] += float(achieved[m].sum())
+        for b, t in tgt.items():
+            ok = m & ~np.isnan(t)
+            if ok.any():
+                acc["saved_us"][b] = acc["saved_us"].get(b, 0.0) + float(
+                    (achieved[ok] - t[ok] - offset.get(op, 0.0)).sum())
+                acc["covered"][b] = acc["covered"].get(b, 0) + int(ok.sum())
+
+
+def _achieved(calls, waits: tuple) -> np.ndarray:
+    """Per call, what a backend switch replaces: its transfer and the waiting its transport carried
+    over from the previous collective (matching.match's `carried`); a call no other rank matched,
+    its whole duration."""
+    tr, carried = waits[1], waits[4]
+    return np.where(np.isnan(tr), calls.end - calls.start, tr + np.nan_to_num(carried))
+
+
+def saved(ranks: list[dict], phase: str, backend: str, keys=None) -> dict:
+    """A phase's saving from switching the calls `keys` ("cat|op" predicate; all when None) to
+    `backend`: µs per window averaged over ranks (exposed share applied), the calls it covers and
+    those it could not (no calibration at their op)."""
+    us, calls, covered, e2e, n = 0.0, 0, 0, 0.0, 0
+    per_cat: dict[str, float] = {}
+    for rk in ranks:
+        p = rk["phases"].get(phase)
+        if not p or not p["windows"]:
+            continue
+        n += 1
+        e2e += p["e2e_us"] / p["windows"]
+        for key, acc in (p.get("switch_calls") or {}).items():
+            if keys is not None and not keys(key):
+                continue
+            cat = key.split("|", 1)[0]
+            c = p["categories"].get(cat) or {}
+            share = c["exposed_us"] / c["total_us"] if c.get("total_us") else 1.0
+            s = acc["saved_us"].get(backend, 0.0) * min(1.0, share) / p["windows"]
+            us += s
+            per_cat[cat] = per_cat.get(cat, 0.0) + s
+            calls += acc["calls"]
+            covered += acc["covered"].get(backend, 0)
+    if not n:
+        return {"saved_us_per_window": 0.0, "share": 0.0, "calls": 0, "covered": 0, "by_category": {}}
+    e2e /= n
+    return {"saved_us_per_window": us / n, "share": us / n / e2e if e2e else 0.0, "calls": calls,
+            "covered": covered, "by_category": {k: v / n for k, v in sorted(per_cat.items())}}
+
+
+def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dict, raw_offset: dict,
+            source: str) -> dict:
+    """The result's `headroom`: per phase, each backend's saving and the best one; the rule and the
+    conditions the calibration was measured under."""
+    phases = {}
+    names = sorted({ph for rk in ranks for ph, p in rk["phases"].items() if p.get("switch_calls")})
+    for ph in names:
+        per = {b: saved(ranks, ph, b) for b in backends}
+        best = min(backends, key=lambda b: -per[b]["saved_us_per_window"]) if backends else None
+        e2e = [rk["phases"][ph]["e2e_us"] / rk["phases"][ph]["windows"] for rk in ranks
+               if ph in rk["phases"] and rk["phases"][ph]["windows"]]
+        head = max(0.0, per[best]["saved_us_per_window"]) if best else 0.0
+        phases[ph] = {"e2e_us_per_window": float(np.mean(e2e)) if e2e else 0.0, "backends": per, "best": best,
+                      "headroom_us_per_window": head,
+                      "headroom_share": head / float(np.mean(e2e)) if e2e and np.mean(e2e) > 0 else 0.0}
+    off_note = [f"{op}: {d:+.1f} µs" for op, d in sorted(raw_offset.items()) if own and d < 0]
+    return {"calibration": source, "backends": backends, "own_backend": own, "conditions_offset_us": offset,
+            "measured_difference_us": raw_offset, "rule": RULE,
+            "notes": ([f"the calibration's {own} differs from this trace's calls ({', '.join(off_note)} per call, "
+                       "achieved minus calibrated): it was measured under other conditions (a sweep's back-to-back "
+                       "calls against a profiled model's); savings are estimates, a profiled run per backend "
+                       "calibrates better"] if off_note else []),
+            "phases": phases}
+
+
+CATEGORY_WORDS = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention", "ep_all_to_all": "EP all-to-all",
+                  "dp_allreduce": "DP allreduce"}
+PHASE_WORDS = {"decode": ("token", "TTIT"), "prefill": ("prefill", "TTFT")}
+
+
+def advice(summary_: dict, phase: str, min_share: float = 0.01) -> str | None:
+    """The advice line with its figure: what switching to the best calibrated backend saves in
+    this phase, where it beats the trace's own backend by at least `min_share` of the phase."""
+    p = (summary_.get("phases") or {}).get(phase)
+    if not p or not p["best"] or p["best"] == summary_.get("own_backend") or p["headroom_share"] < min_share:
+        return None
+    s = p["backends"][p["best"]]
+    top = max(s["by_category"].items(), key=lambda kv: kv[1])[0] if s["by_category"] else None
+    unit, metric = PHASE_WORDS.get(phase, ("window", f"the {phase} time"))
+    what = CATEGORY_WORDS.get(top, top or "its collectives")
+    if not summary_.get("own_backend"):  # another engine's trace: its collectives are its own to change
+        return (f"{what} here is ~{p['headroom_us_per_window'] / 1e3:.2f} ms per {unit} ({p['headroom_share']:.0%} of "
+                f"{metric}) slower than {p['best']} measured on this machine at these message sizes (headroom only: "
+                f"the engine's own collectives, which commprobe cannot switch; calibration: {summary_['calibration']})")
+    return (f"switching {what} to {p['best']} saves ~{p['headroom_us_per_window'] / 1e3:.2f} ms per {unit}, "
+            f"{p['headroom_share']:.0%} of {metric}, at these message sizes (calibration: {summary_['calibration']}; "
+            f"`commprobe plan --from` predicts it)")
+
+
+def collectives(calls: dict, waits: dict, tgt: dict, offset: dict) -> list[dict]:
+    """Per (op, axis, group size, size bucket): calls, achieved transfer (median), each backend's
+    calibrated time there (+ offset), the best backend and the headroom per call against it."""
+    groups: dict[tuple, dict] = {}
+    for r, c in calls.items():
+        if not len(c) or r not in waits:
+            continue
+        achieved = _achieved(c, waits[r])
+        bucket = np.where(c.bytes > 0, np.left_shift(1, np.ceil(np.log2(np.maximum(c.bytes, 1))).astype(np.int64)), 0)
+        for i, (op, axis, _cat, _src) in enumerate(c.kinds):
+            sel = c.kind == i
+            for bk in set(bucket[sel].tolist()):
+                m = sel & (bucket == bk)
+                gs = int(np.median(c.group_size[m])) or len(calls)
+                g = groups.setdefault((op, axis, gs, int(bk)), {"achieved": [], "t": {}})
+                g["achieved"].append(achieved[m])
+                for b, t in tgt.get(r, {}).items():
+                    g["t"].setdefault(b, []).append(t[m])
+    rows = []
+    for (op, axis, gs, bk), g in sorted(groups.items()):
+        a = np.concatenate(g["achieved"])
+        times = {}
+        for b, ts in g["t"].items():
+            t = np.concatenate(ts)
+            t = t[~np.isnan(t)]
+            if len(t):
+                times[b] = float(np.median(t)) + offset.get(op, 0.0)
+        best = min(times, key=times.get) if times else None
+        med = float(np.median(a))
+        rows.append({"op": op, "axis": axis, "group_size": gs, "bytes_bucket": bk, "calls": int(len(a)),
+                     "achieved_us": med, "calibrated_us": times, "best_backend": best,
+                     "headroom_us": max(0.0, med - times[best]) if best else None})
+    return rows
+
+
+__all__ = ["targets", "conditions", "accumulate", "saved", "summary", "collectives", "advice", "RULE"]

@@ -1,0 +1,105 @@
+"""`plan --from PATH --what-if backend=dda`: a trace's phases predicted under another backend.
+
+The trace is analyzed against a calibration that measured the target backend (cross_rank/headroom.py):
+each phase's predicted time = its measured time - what switching the selected collectives saves per
+window (their transfer and the waiting their transport carried over, less the target's calibrated
+cost at their op, group size and size; the exposed share applied; a whole-backend switch also takes
+away the exposed communication outside any call, the backend's own threads' events). The measured
+time is the trace's own per-window time and, where the input is a commprobe bundle, its
+un-profiled TTFT/TTIT too, predicted to shrink by the same fraction.
+
+Keys: `backend=B` switches every collective the calibration measured; `allreduce=B` (or any op:
+all_to_all, send_recv, all_gather) only that op's calls.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from .cross_rank import headroom
+from .readers.model import TraceError
+
+PHASE_METRIC = {"prefill": "ttft", "decode": "ttit"}
+
+
+def parse(spec: str) -> tuple[str, str]:
+    """'backend=dda' or 'allreduce=dda' -> (what, backend); one-line TraceError otherwise."""
+    what, sep, backend = spec.partition("=")
+    what, backend = what.strip(), backend.strip()
+    if not sep or not what or not backend or any(c in backend for c in ",|"):
+        raise TraceError(f"--what-if {spec!r}: one switch, backend=B or OP=B (allreduce=dda)")
+    return what, backend
+
+
+def _unprofiled(path: Path) -> dict[str, float]:
+    """A bundle's un-profiled medians (ms) of TTFT and TTIT, the slowest rank's; {} otherwise."""
+    f = path / "timings.json"
+    if not f.is_file():
+        return {}
+    try:
+        ranks = json.loads(f.read_text()).get("ranks") or []
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    out = {}
+    for m in ("ttft", "ttit"):
+        vals = [r.get(f"{m}_median_ms") for r in ranks if isinstance(r.get(f"{m}_median_ms"), (int, float))]
+        if vals:
+            out[m] = max(vals)
+    return out
+
+
+def predict(result: dict, path: str | Path, spec: str) -> dict:
+    """Per phase: measured, saved and predicted times, and the terms used."""
+    what, backend = parse(spec)
+    h = result.get("headroom")
+    if not h:
+        raise TraceError("--what-if from a trace needs --calibration: a sweep (`bench collectives --json`) or a "
+                         "profiled run per backend (`profile --backend gloo,dda`)")
+    if backend not in h["backends"]:
+        raise TraceError(f"--what-if {spec}: the calibration measured {', '.join(h['backends']) or 'no backend'}, "
+                         f"not {backend}")
+    keys = None if what == "backend" else (lambda k: k.split("|", 1)[1] == what)
+    unprof = _unprofiled(Path(path)) if not str(path).startswith(("http", "s3:", "gs:")) else {}
+    phases = {}
+    for ph in h["phases"]:
+        s = headroom.saved(result["ranks"], ph, backend, keys)
+        if not s["calls"]:
+            continue
+        e2e = h["phases"][ph]["e2e_us_per_window"]
+        # a whole-backend switch also takes away the backend's communication outside any call
+        # (gloo's own threads' events here: other_comm), exposed, per window, averaged over ranks
+        uncalled = _uncalled(result["ranks"], ph) if keys is None else 0.0
+        total = s["saved_us_per_window"] + uncalled
+        row = {"calls": s["calls"], "covered": s["covered"], "by_category": s["by_category"],
+               "uncalled_comm_us_per_window": uncalled,
+               "trace_us_per_window": e2e, "saved_us_per_window": total,
+               "predicted_us_per_window": e2e - total, "share": total / e2e if e2e else 0.0}
+        metric = PHASE_METRIC.get(ph)
+        if metric and metric in unprof and e2e > 0:
+            # un-profiled: the same fraction saved (the profiler's per-call cost differs between
+            # the runs, so the trace's µs cannot be subtracted from an un-profiled time)
+            row["metric"] = metric
+            row["measured_ms"] = unprof[metric]
+            row["predicted_ms"] = unprof[metric] * (1 - total / e2e)
+        phases[ph] = row
+    if not phases:
+        raise TraceError(f"--what-if {spec}: no {what if keys else 'collective'} calls in the trace's phases")
+    return {"switch": {"what": what, "backend": backend}, "from": str(path), "own_backend": h["own_backend"],
+            "calibration": h["calibration"], "rule": h["rule"], "notes": h["notes"],
+            "conditions_offset_us": h["conditions_offset_us"], "phases": phases}
+
+
+def _uncalled(ranks: list[dict], phase: str) -> float:
+    vals = [p["categories"].get("other_comm", {}).get("exposed_us", 0.0) / p["windows"]
+            for rk in ranks for p in [rk["phases"].get(phase)] if p and p["windows"]]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def median_error(pairs: list[tuple[float, float]]) -> float:
+    """Median of |predicted - measured| / measured over (predicted, measured) pairs."""
+    return statistics.median(abs(p - m) / m for p, m in pairs if m > 0)
+
+
+__all__ = ["parse", "predict", "PHASE_METRIC"]

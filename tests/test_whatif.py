@@ -1,0 +1,102 @@
+"""What switching would save (issue: headroom and a what-if from any trace), on a real run of both
+backends: the headroom in the analysis, the advice's figure, `plan --from`, and its one-line errors.
+Accuracy against a run of the switch is measured by bench/whatif_check.py (bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from commprobe.analyzers.analysis import analyze
+from tests.conftest import invariant_violations, run_cli
+from tests.vllm_engine import raw, union
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """One `profile --backend gloo,dda` run of the tiny model at TP=2: each backend's bundle."""
+    out = tmp_path_factory.mktemp("whatif") / "run"
+    r = run_cli("profile", "--preset", "tiny", "--tp", "2", "--prompt-len", "16", "--steps", "8", "--repeats", "2",
+                "--backend", "gloo,dda", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def _decode_allreduce_us(bundle) -> float:
+    """Truth from the raw events, by this script alone: rank 0's µs per decode step inside the TP
+    allreduce spans (their union inside the `decode` step spans)."""
+    ev = raw(sorted(bundle.glob("rank0*.json*"))[0])
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("ph") == "X" and e["name"].startswith("commprobe/decode[")]
+    ar = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("ph") == "X" and e["name"].startswith("commprobe/comm/tp/all_reduce")]
+    assert steps and ar, sorted({e["name"] for e in ev if e.get("ph") == "X"})[:40]
+    return sum(union([(max(x, a), min(y, b)) for x, y in ar if x < b and y > a]) for a, b in steps) / len(steps)
+
+
+def test_headroom_names_the_faster_backend_with_a_figure(both):
+    r = analyze(both / "gloo", calibration=str(both))
+    assert invariant_violations(r) == []
+    h = r["headroom"]
+    assert h["own_backend"] == "gloo" and h["backends"] == ["dda", "gloo"]
+    dec = h["phases"]["decode"]
+    assert dec["best"] == "dda"
+    # calibrated with its own calls, gloo against itself saves ~nothing (a mean against its own calls)
+    assert abs(dec["backends"]["gloo"]["saved_us_per_window"]) < 0.05 * dec["e2e_us_per_window"]
+    # DDA saves most of the allreduce time measured from the raw events, never more than all of it
+    # plus the waiting it carried (bounded by the step)
+    truth = _decode_allreduce_us(both / "gloo")
+    saved = dec["backends"]["dda"]["saved_us_per_window"]
+    assert 0.5 * truth < saved < dec["e2e_us_per_window"], (saved, truth)
+    rows = [c for c in h["collectives"] if c["op"] == "allreduce"]
+    assert rows and all(c["best_backend"] == "dda" and c["headroom_us"] > 0 for c in rows)
+    advice = r["phases"]["decode"]["recommendations"][0]
+    assert advice.startswith("switching TP allreduce to dda saves ~") and "of TTIT" in advice
+
+
+def test_the_faster_backend_has_no_headroom_and_switching_back_costs(both):
+    r = analyze(both / "dda", calibration=str(both))
+    dec = r["headroom"]["phases"]["decode"]
+    assert dec["best"] == "dda" and dec["headroom_us_per_window"] < 0.05 * dec["e2e_us_per_window"]
+    assert dec["backends"]["gloo"]["saved_us_per_window"] < 0  # gloo would cost
+    assert not any(x.startswith("switching") for x in r["phases"]["decode"]["recommendations"])
+
+
+def test_plan_from_a_trace_predicts_each_phase(both, tmp_path):
+    r = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "backend=dda", "--calibration", str(both), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["switch"] == {"what": "backend", "backend": "dda"} and doc["own_backend"] == "gloo"
+    for ph, p in doc["phases"].items():
+        assert p["predicted_us_per_window"] == pytest.approx(p["trace_us_per_window"] - p["saved_us_per_window"])
+        assert 0 < p["predicted_us_per_window"] < p["trace_us_per_window"]
+        assert p["predicted_ms"] == pytest.approx(p["measured_ms"] * p["predicted_us_per_window"]
+                                                  / p["trace_us_per_window"])
+    assert doc["phases"]["decode"]["metric"] == "ttit" and doc["phases"]["prefill"]["metric"] == "ttft"
+    one = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "allreduce=dda", "--calibration", str(both))
+    assert one.returncode == 0 and "predicted" in one.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--what-if", "backend=dda"], "needs --what-if backend=B (or OP=B) and --calibration"),
+    (["--what-if", "backend=nccl", "--calibration", "{cal}"], "not nccl"),
+    (["--what-if", "backend=dda|gloo", "--calibration", "{cal}"], "one switch"),
+    (["--what-if", "backend=dda", "--calibration", "/nonexistent/cal.json"], "no such calibration"),
+])
+def test_plan_from_errors_are_one_line(both, args, words):
+    r = run_cli("plan", "--from", str(both / "gloo"), *[a.format(cal=both) for a in args])
+    assert r.returncode != 0 and words in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_carried_waiting_is_the_last_arrivers_late_exit():
+    """Call 0: both arrive at 0; rank 1 leaves at 1,500, rank 0 at 1,000 (gloo's uneven exit).
+    Call 1: rank 0 arrives at 1,100, rank 1 at 1,600 (the same 100 µs of work after each): rank 0's
+    500 µs of waiting is what rank 1's later exit carried over, all of it."""
+    from commprobe.analyzers.cross_rank.matching import match
+    from tests.test_diagnosis import _calls
+
+    out = match({0: _calls([(0, 1_000), (1_100, 1_700)]), 1: _calls([(0, 1_500), (1_600, 1_700)])})
+    wait, transfer, last, held, carried = out["_waits"][0]
+    assert np.allclose(wait, [0, 500]) and np.allclose(carried, [0, 500]) and last.tolist()[1] == 1
+    assert {x["rank"]: x["carried_us"] for x in out["ranks"]} == {0: 500.0, 1: 0.0}
