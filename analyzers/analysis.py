@@ -138,7 +138,9 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline)
     room = None
     if sweep:
-        room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source)
+        outside = {r["backend"]: r["outside_us_per_window"] for r in sweep if r.get("outside_us_per_window")}
+        room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
+                                outside)
         room["collectives"] = headroom.collectives(calls, waits, tgt, offset)
         for ph, p in phases.items():
             line = headroom.advice(room, ph)
@@ -206,9 +208,11 @@ def calibration_rows(path) -> list[dict]:
         raise cause.CalibrationError(f"{path}: no such calibration (a sweep's JSON, or a healthy run's bundle)")
     res = load_result(p)
     backend = cause.backend_of(res.get("manifest"), [])
+    outside = headroom.outside_calls(res["ranks"])
     rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
              "time_us": b["median_us"], "p10_us": float(np.percentile(b["samples_us"], 10)) if b["samples_us"] else
-             b["median_us"], "count": b["count"], **({"mean_us": b["mean_cost_us"]} if "mean_cost_us" in b else {})}
+             b["median_us"], "count": b["count"], **({"mean_us": b["mean_cost_us"]} if "mean_cost_us" in b else {}),
+             "outside_us_per_window": outside}
             for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
     if not rows or not backend:
         raise cause.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and its "
@@ -263,8 +267,7 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | 
                 sel = inside & mine
                 cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
                 cause.accumulate(rk, phase, name, mine, waits[r], base, floor)
-                if targets and targets.get(r):
-                    headroom.accumulate(rk, phase, name, mine, rc, waits[r], targets[r], offset or {})
+                headroom.accumulate(rk, phase, name, mine, rc, waits[r], (targets or {}).get(r) or {}, offset or {})
             for c in COMM_CATS:
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 

@@ -3,8 +3,10 @@
 The trace is analyzed against a calibration that measured the target backend (cross_rank/headroom.py):
 each phase's predicted time = its measured time - what switching the selected collectives saves per
 window (their transfer and the waiting their transport carried over, less the target's calibrated
-cost at their op, group size and size; the exposed share applied; a whole-backend switch also takes
-away the exposed communication outside any call, the backend's own threads' events). The measured
+cost at their op, group size and size; the exposed share applied). A whole-backend switch also
+scales the rest of the window (compute, idle, waiting for late ranks, communication outside any
+call) by what the calibration measured of it under each backend, where it ran both: the backend's
+cost outside its calls (headroom.outside_calls). The measured
 time is the trace's own per-window time and, where the input is a commprobe bundle, its
 un-profiled TTFT/TTIT too, predicted to shrink by the same fraction.
 
@@ -22,6 +24,11 @@ from .cross_rank import headroom
 from .readers.model import TraceError
 
 PHASE_METRIC = {"prefill": "ttft", "decode": "ttit"}
+# A calibration's ratio of time outside the calls (target backend over own) counts only beyond this
+# machine's run-to-run noise of that time: the same backend's four runs spread 7-16 % (TP=2 decode,
+# EP=2 prefill), so a ratio within +-25 % is not told from noise (one EP=2 calibration read 1.13,
+# an error of 10 % when applied); TP=2 and CP=2 read 0.46-0.47 and 2.1-2.2 (gloo's threads).
+OUTSIDE_NOISE = 0.25
 
 
 def parse(spec: str) -> tuple[str, str]:
@@ -70,10 +77,19 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
         e2e = h["phases"][ph]["e2e_us_per_window"]
         # a whole-backend switch also takes away the backend's communication outside any call
         # (gloo's own threads' events here: other_comm), exposed, per window, averaged over ranks
-        uncalled = _uncalled(result["ranks"], ph) if keys is None else 0.0
-        total = s["saved_us_per_window"] + uncalled
+        # and its cost outside any call: the time outside communication per window scales as the
+        # calibration measured it under each backend (a run of both), where it did
+        out = h.get("outside_calls_us_per_window") or {}
+        mine = (h.get("trace_outside_calls_us_per_window") or {}).get(ph, 0.0)
+        ratio = (out[backend][ph] / out[h["own_backend"]][ph]
+                 if keys is None and h["own_backend"] in out and backend in out and ph in out[backend]
+                 and out[h["own_backend"]].get(ph) else None)
+        applied = ratio is not None and abs(ratio - 1) >= OUTSIDE_NOISE
+        outside = mine * (1 - ratio) if applied else 0.0
+        total = s["saved_us_per_window"] + outside
         row = {"calls": s["calls"], "covered": s["covered"], "by_category": s["by_category"],
-               "uncalled_comm_us_per_window": uncalled,
+               "outside_calls_us_per_window": mine, "outside_calls_ratio": ratio, "outside_calls_applied": applied,
+               "outside_calls_saved_us_per_window": outside,
                "trace_us_per_window": e2e, "saved_us_per_window": total,
                "predicted_us_per_window": e2e - total, "share": total / e2e if e2e else 0.0}
         metric = PHASE_METRIC.get(ph)
@@ -89,12 +105,6 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
     return {"switch": {"what": what, "backend": backend}, "from": str(path), "own_backend": h["own_backend"],
             "calibration": h["calibration"], "rule": h["rule"], "notes": h["notes"],
             "conditions_offset_us": h["conditions_offset_us"], "phases": phases}
-
-
-def _uncalled(ranks: list[dict], phase: str) -> float:
-    vals = [p["categories"].get("other_comm", {}).get("exposed_us", 0.0) / p["windows"]
-            for rk in ranks for p in [rk["phases"].get(phase)] if p and p["windows"]]
-    return sum(vals) / len(vals) if vals else 0.0
 
 
 def median_error(pairs: list[tuple[float, float]]) -> float:

@@ -156,6 +156,32 @@ def all_to_all_us(n: int, nbytes_sent: float, link: Link) -> float:
     return 0.0 if n == 1 else link.alpha_us + (n - 1) / n * nbytes_sent / (link.bw_GBps * 1e3)
 
 
+def collective_rows(hw: Hardware, worlds: tuple[int, ...] = (2, 4, 8), min_bytes: int = 256,
+                    max_bytes: int = 256 << 20) -> list[dict]:
+    """A hardware profile as a calibration (`commprobe plan collectives`): per backend, op, group
+    size and power-of-four size, the alpha-beta time of this model, in the rows of a
+    `bench collectives --json` sweep: the vendor library's ring ("nccl") and DDA (the better of
+    one-shot and two-shot) allreduce, all-to-all and all-gather (the library's), inside a host.
+    What `analyze --calibration` reads to give a trace's headroom on a machine you have no
+    measurement of; a prediction from the profile's figures (its `sources`), not a measurement."""
+    rows = []
+    for n in worlds:
+        if n > hw.devices_per_host:
+            continue
+        size = min_bytes
+        while size <= max_bytes:
+            for backend, op, t in (
+                    ("nccl", "allreduce", allreduce_us(n, size, hw.link(False, "ring"), "ring")),
+                    ("dda", "allreduce", allreduce_us(n, size, hw.link(False, "dda"), "dda")),
+                    ("nccl", "all_to_all", all_to_all_us(n, size, hw.link(False))),
+                    ("nccl", "all_gather", all_gather_us(n, size / n, hw.link(False)))):
+                rows.append({"backend": backend, "op": op, "bytes": size, "world": n, "time_us": t,
+                             "busbw_GBps": size / t / 1e3 * (2 * (n - 1) / n if op == "allreduce" else (n - 1) / n),
+                             "source": f"hardware profile {hw.name} (alpha-beta model)"})
+            size *= 4
+    return rows
+
+
 # ---- the model ----
 
 def check(model: ModelConfig, layout: Layout, hw: Hardware) -> None:

@@ -77,6 +77,24 @@ def plan(
         render_whatif(rows, skipped, sort, console)
 
 
+@plan_app.command("collectives")
+def plan_collectives(
+    hardware: str = typer.Option("h100x8", help="Hardware profile name (plan/hardware/*.toml) or a .toml path."),
+    worlds: str = typer.Option("2,4,8", help="Group sizes, comma-separated."),
+) -> None:
+    """A hardware profile's collective times as a calibration (JSON rows of a `bench collectives` sweep):
+    `analyze --calibration FILE` then gives any trace's headroom against it."""
+    from commprobe.plan.costmodel import collective_rows
+    from commprobe.plan.hardware import PlanError, load_hardware
+
+    try:
+        hw = load_hardware(hardware)
+        ns = tuple(int(x) for x in worlds.split(",") if x.strip())
+    except (PlanError, ValueError) as e:
+        fail(str(e) if isinstance(e, PlanError) else f"--worlds {worlds!r}: comma-separated integers")
+    print(jsonout.dumps(collective_rows(hw, ns)))
+
+
 @plan_app.command("calibrate")
 def plan_calibrate(
     inputs: list[str] = typer.Argument(..., help="Sweep JSON files (bench collectives --json) and profile bundles."),

@@ -100,3 +100,21 @@ def test_carried_waiting_is_the_last_arrivers_late_exit():
     wait, transfer, last, held, carried = out["_waits"][0]
     assert np.allclose(wait, [0, 500]) and np.allclose(carried, [0, 500]) and last.tolist()[1] == 1
     assert {x["rank"]: x["carried_us"] for x in out["ranks"]} == {0: 500.0, 1: 0.0}
+
+
+def test_a_hardware_profile_is_a_calibration(both, tmp_path):
+    """`plan collectives --hardware h200x8` writes the profile's alpha-beta times as sweep rows; the
+    8-rank ring allreduce of 256 MiB reaches the busbw its link allows (450 GB/s per direction, the
+    profile's cited NVLink figure) less the alpha terms; the trace's headroom reads it."""
+    r = run_cli("plan", "collectives", "--hardware", "h200x8", "--worlds", "2,8")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    big = next(x for x in rows if x["backend"] == "nccl" and x["op"] == "allreduce" and x["world"] == 8
+               and x["bytes"] == 256 << 20)
+    assert 400 < big["busbw_GBps"] < 450 and {x["world"] for x in rows} == {2, 8}
+    f = tmp_path / "h200.json"
+    f.write_text(r.stdout)
+    res = analyze(both / "dda", calibration=str(f))
+    assert res["headroom"]["backends"] == ["dda", "nccl"] and res["headroom"]["phases"]["decode"]["best"] in ("dda", "nccl")
+    bad = run_cli("plan", "collectives", "--hardware", "nosuch")
+    assert bad.returncode != 0 and "unknown hardware" in bad.stderr and "Traceback" not in bad.stderr

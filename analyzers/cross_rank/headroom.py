@@ -125,8 +125,30 @@ def saved(ranks: list[dict], phase: str, backend: str, keys=None) -> dict:
             "covered": covered, "by_category": {k: v / n for k, v in sorted(per_cat.items())}}
 
 
+def outside_calls(ranks: list[dict]) -> dict[str, float]:
+    """Per phase, the time per window outside what the collective calls account for (their transfer
+    and carried waiting, exposed share applied): compute, copies, idle, waiting for late ranks, and
+    communication outside any call, averaged over ranks. Measured under each backend in a
+    calibration run of both, its ratio is the backend's cost outside its calls: on 2 cores gloo's
+    polling threads slow the ranks' compute (TP decode 756-952 µs per step under gloo against
+    411-429 under DDA, idle 764-1,055 against 386-432) and its own thread events take 1.9-4.7 ms a
+    CP prefill outside any call; no per-call figure shows either."""
+    out: dict[str, list] = {}
+    for rk in ranks:
+        for ph, p in rk["phases"].items():
+            if not p["windows"]:
+                continue
+            calls = 0.0
+            for key, acc in (p.get("switch_calls") or {}).items():
+                c = p["categories"].get(key.split("|", 1)[0]) or {}
+                share = c["exposed_us"] / c["total_us"] if c.get("total_us") else 1.0
+                calls += acc["achieved_us"] * min(1.0, share)
+            out.setdefault(ph, []).append(max(0.0, p["e2e_us"] - calls) / p["windows"])
+    return {ph: float(np.mean(v)) for ph, v in out.items()}
+
+
 def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dict, raw_offset: dict,
-            source: str) -> dict:
+            source: str, outside: dict | None = None) -> dict:
     """The result's `headroom`: per phase, each backend's saving and the best one; the rule and the
     conditions the calibration was measured under."""
     phases = {}
@@ -142,6 +164,7 @@ def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dic
                       "headroom_share": head / float(np.mean(e2e)) if e2e and np.mean(e2e) > 0 else 0.0}
     off_note = [f"{op}: {d:+.1f} µs" for op, d in sorted(raw_offset.items()) if own and d < 0]
     return {"calibration": source, "backends": backends, "own_backend": own, "conditions_offset_us": offset,
+            "outside_calls_us_per_window": outside or {}, "trace_outside_calls_us_per_window": outside_calls(ranks),
             "measured_difference_us": raw_offset, "rule": RULE,
             "notes": ([f"the calibration's {own} differs from this trace's calls ({', '.join(off_note)} per call, "
                        "achieved minus calibrated): it was measured under other conditions (a sweep's back-to-back "
