@@ -138,7 +138,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline)
     room = None
     if sweep:
-        outside = {r["backend"]: r["outside_us_per_window"] for r in sweep if r.get("outside_us_per_window")}
+        outside = headroom.median_outside(sweep)
         room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
                                 outside)
         room["collectives"] = headroom.collectives(calls, waits, tgt, offset)

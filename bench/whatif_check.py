@@ -3,11 +3,14 @@
 Per layout (TP=2 decode, CP=2 prefill, EP=2 prefill: bench diagnosis' layouts), one calibration
 bundle (`profile --backend gloo,dda`: each backend's calls measured as the traces measure them),
 then --rounds measured bundles, each running gloo then dda in one launch (A B A B ...). From each
-round's gloo run the dda time is predicted, and from its dda run the gloo time; predicted and
+round's gloo run the dda time is predicted, and from its dda run the gloo time, calibrated on the
+calibration bundle and the other rounds (never the round predicted); predicted and
 measured are compared as medians over rounds, for the trace's own time per window (profiled) and
 the bundle's un-profiled TTFT/TTIT.
 
-    python bench/whatif_check.py [--rounds 3] [--layouts tp2,cp2,ep2] [--json OUT]
+    python bench/whatif_check.py [--rounds 3] [--layouts tp2,cp2,ep2] [--tp] [--json OUT]
+
+With --tp, also `--what-if tp=1` from TP=2 DDA bundles against TP=1 runs alternated with them.
 """
 
 from __future__ import annotations
@@ -47,12 +50,16 @@ def check(layout: str, rounds: int, work: Path) -> list[dict]:
     rows = []
     for src, dst in (("gloo", "dda"), ("dda", "gloo")):
         pred_tr, meas_tr, pred_un, meas_un = [], [], [], []
-        for run in runs:
-            doc = predict(analyze(run / src, calibration=str(cal)), run / src, f"backend={dst}")
+        for i, run in enumerate(runs):
+            # calibrated on every run but the one predicted: the calibration bundle and the other
+            # rounds (a backend's time outside its calls moves with the machine's spells: one run
+            # of it is not enough, measured)
+            cal_i = ",".join(str(x) for x in [cal, *(r for j, r in enumerate(runs) if j != i)])
+            doc = predict(analyze(run / src, calibration=cal_i), run / src, f"backend={dst}")
             p = doc["phases"][phase]
             pred_tr.append(p["predicted_us_per_window"])
             pred_un.append(p.get("predicted_ms"))
-            other = predict(analyze(run / dst, calibration=str(cal)), run / dst, f"backend={dst}")["phases"][phase]
+            other = predict(analyze(run / dst, calibration=cal_i), run / dst, f"backend={dst}")["phases"][phase]
             meas_tr.append(other["trace_us_per_window"])
             meas_un.append(other.get("measured_ms"))
         med = statistics.median
@@ -70,18 +77,56 @@ def check(layout: str, rounds: int, work: Path) -> list[dict]:
     return rows
 
 
+def check_tp(rounds: int, work: Path) -> dict:
+    """`--what-if tp=1` from TP=2 DDA bundles (tiny, bench diagnosis' tp2 shape), against TP=1 runs
+    alternated with them; the links from a 2-rank sweep of this machine."""
+    import subprocess
+
+    from commprobe.collectives.backends import process_group_backend
+    from commprobe.plan.fromtrace import predict_layout
+    from commprobe.probe.bench.diagnosis import LAYOUTS
+    from commprobe.probe.profile import run_profile
+    from commprobe.probe.run import RunConfig
+
+    sweep = work / "sweep.json"
+    r = subprocess.run([sys.executable, "-m", "commprobe.probe.cli", "bench", "collectives", "--backend", "dda",
+                        "--min", "256", "--max", "64K", "--batches", "3", "--json"], capture_output=True, text=True)
+    sweep.write_text(r.stdout)
+    pred, meas = {"ttft": [], "ttit": []}, {"ttft": [], "ttit": []}
+    for i in range(rounds):
+        for tp, backend in ((2, "dda"), (1, "gloo")):
+            fields = {**LAYOUTS["tp2"][0], "tp": tp}
+            cfg = RunConfig(backends=[backend], repeats=3, out_dir=str(work / f"layout-tp{tp}-round{i}"), timeout=300, seed=0,
+                            **fields)
+            run_profile(cfg, cfg.model_config().to_dict(), pg_backend=process_group_backend(cfg.backends),
+                        telemetry_interval=1.0)
+        doc = predict_layout(work / f"layout-tp2-round{i}", "tp=1", str(sweep))
+        t1 = json.loads((work / f"layout-tp1-round{i}" / "timings.json").read_text())["ranks"][0]
+        for ph, m in (("prefill", "ttft"), ("decode", "ttit")):
+            pred[m].append(doc["phases"][ph]["predicted_ms"])
+            meas[m].append(t1[f"{m}_median_ms"])
+    out = {m: {"predicted_ms": statistics.median(pred[m]), "measured_ms": statistics.median(meas[m])} for m in pred}
+    for m, v in out.items():
+        v["error"] = v["predicted_ms"] / v["measured_ms"] - 1
+        print(f"tp=2 → tp=1 {m.upper()}: {v['predicted_ms']:.3f} predicted vs {v['measured_ms']:.3f} ms measured "
+              f"({v['error']:+.0%})", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--layouts", default="tp2,cp2,ep2")
     ap.add_argument("--json", dest="json_out")
     ap.add_argument("--keep", help="Keep the bundles in this directory.")
+    ap.add_argument("--tp", action="store_true", help="Also check --what-if tp=1 from TP=2 bundles.")
     a = ap.parse_args()
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commprobe-whatif-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows = [r for lay in a.layouts.split(",") for r in check(lay, a.rounds, work)]
+    rows = [r for lay in a.layouts.split(",") if lay for r in check(lay, a.rounds, work)]
+    tp = check_tp(a.rounds, work) if a.tp else None
     if a.json_out:
-        Path(a.json_out).write_text(json.dumps(rows, indent=1))
+        Path(a.json_out).write_text(json.dumps({"switch": rows, "tp": tp}, indent=1))
     print(f"bundles: {work}", file=sys.stderr)
 
 

@@ -32,7 +32,7 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print the prediction(s) as JSON."),
     from_trace: str | None = typer.Option(None, "--from", help="A bundle or trace(s): predict *its* phases under "
                                           "--what-if backend=B or OP=B (e.g. allreduce=dda), from its own calls and "
-                                          "--calibration."),
+                                          "--calibration; or tp=N (cp=N, ep=N) for a commprobe bundle, with a sweep."),
     calibration: str | None = typer.Option(None, help="With --from: the machine's collectives measured (a sweep's "
                                            "JSON, or a `profile --backend gloo,dda` bundle; several joined by commas)."),
 ) -> None:
@@ -45,17 +45,26 @@ def plan(
         from commprobe.analyzers.whatif import parse, predict
         from commprobe.reports.terminal import render_trace_whatif
 
+        from commprobe.plan import fromtrace
+        from commprobe.plan.hardware import PlanError
+        from commprobe.reports.terminal import render_layout_whatif
+
         if not what_if or not calibration:
-            fail("plan --from needs --what-if backend=B (or OP=B) and --calibration")
+            fail("plan --from needs --what-if backend=B (or OP=B, or tp=N) and --calibration")
         try:
-            parse(what_if)
-            doc = predict(analyze(from_trace, calibration=calibration), from_trace, what_if)
-        except (TraceError, ValueError, OSError) as e:
+            if fromtrace.parse(what_if):
+                doc = fromtrace.predict_layout(from_trace, what_if, calibration)
+                render = render_layout_whatif
+            else:
+                parse(what_if)
+                doc = predict(analyze(from_trace, calibration=calibration), from_trace, what_if)
+                render = render_trace_whatif
+        except (TraceError, PlanError, ValueError, OSError) as e:
             fail(str(e))
         if json_out:
             print(jsonout.dumps(doc))
         else:
-            render_trace_whatif(doc, console)
+            render(doc, console)
         return
 
     from commprobe.plan.request import PlanRequest, plan_doc

@@ -97,6 +97,20 @@ def render_trace_whatif(doc: dict, console: Console) -> None:
         console.print(f"note: {escape(n)}", highlight=False)
 
 
+def render_layout_whatif(doc: dict, console: Console) -> None:
+    """`plan --from BUNDLE --what-if tp=N`: measured, the model at both layouts, predicted."""
+    sw = doc["switch"]
+    console.print(f"[bold]what if[/] {sw['what']}={sw['value']} in {escape(doc['from'])} "
+                  f"(now TP{doc['layout']['tp']} CP{doc['layout']['cp']} EP{doc['layout']['ep']})", highlight=False)
+    t = Table(caption=escape(doc["rule"]))
+    for col in ("phase", "measured", "model now", "model then", "predicted"):
+        t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=True)
+    for ph, p in doc["phases"].items():
+        t.add_row(f"{ph} ({p['metric'].upper()})", f"{p['measured_ms']:.3f} ms", f"{p['model_base_ms']:.3f} ms",
+                  f"{p['model_alt_ms']:.3f} ms", "–" if p["predicted_ms"] is None else f"{p['predicted_ms']:.3f} ms")
+    console.print(t)
+
+
 def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
     src = result["source"]
     console.print(f"[bold]commprobe analyze[/]: {escape(src['path'])} ({len(src['files'])} rank trace(s), "

@@ -265,14 +265,17 @@ def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profil
     # the raw events: the starved worker's peer spends the longer time in the collectives (waiting for it)
     assert truth[1 - starved] > truth[starved], truth
     # the analysis: the starved worker is the straggler of the run (it caused most of all the waiting),
-    # named the culprit in one phase at least and the other worker in none; every phase that waits
-    # (>= 5 % of its time) is skew-dominated, mostly caused by the starved worker; none communication-bound.
+    # named the culprit in one phase at least; every phase whose verdict names waiting (imbalance) is
+    # skew-dominated, mostly caused by the starved worker, with it or no one as the culprit; none is
+    # communication-bound. A phase under the bars claims nothing: a mixed phase of a step or two once
+    # waited 12 % for the *other* worker (verdict unknown), the stops falling where they did.
     # A stop after the starved worker reached a call first is its own delay inside the call
     # (matching.match's `held`), not the peer's lateness: it once made the peer a prefill's culprit here.
     assert r["collectives"]["straggler"] == starved, line
     for ph, c in causes.items():
-        assert r["phases"][ph]["verdict"] != "communication-bound", (ph, line)
-        if c["wait_share"] >= 0.05:  # below it a phase barely waits (measured 1.5 %): no claim on who
+        verdict = r["phases"][ph]["verdict"]
+        assert verdict != "communication-bound", (ph, line)
+        if verdict in ("imbalance-bound", "communication/imbalance-bound"):
             assert c["class"] == "skew-dominated" and c["wait_caused_by"].get(str(starved), 0) > 0.5, (ph, line)
             assert c["culprit"] in (starved, None), (ph, line)
     assert any(c["culprit"] == starved for c in causes.values()), line

@@ -78,7 +78,7 @@ def test_plan_from_a_trace_predicts_each_phase(both, tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--what-if", "backend=dda"], "needs --what-if backend=B (or OP=B) and --calibration"),
+    (["--what-if", "backend=dda"], "needs --what-if backend=B (or OP=B, or tp=N) and --calibration"),
     (["--what-if", "backend=nccl", "--calibration", "{cal}"], "not nccl"),
     (["--what-if", "backend=dda|gloo", "--calibration", "{cal}"], "one switch"),
     (["--what-if", "backend=dda", "--calibration", "/nonexistent/cal.json"], "no such calibration"),
@@ -118,3 +118,36 @@ def test_a_hardware_profile_is_a_calibration(both, tmp_path):
     assert res["headroom"]["backends"] == ["dda", "nccl"] and res["headroom"]["phases"]["decode"]["best"] in ("dda", "nccl")
     bad = run_cli("plan", "collectives", "--hardware", "nosuch")
     assert bad.returncode != 0 and "unknown hardware" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """This machine's 2-rank allreduce, both backends (the links of the cost model)."""
+    r = run_cli("bench", "collectives", "--backend", "gloo,dda", "--min", "256", "--max", "16K", "--batches", "3",
+                "--json")
+    assert r.returncode == 0, r.stderr[-1000:]
+    f = tmp_path_factory.mktemp("sweep") / "sweep.json"
+    f.write_text(r.stdout)
+    return f
+
+
+def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
+    """tp=1 from the TP=2 bundle: the model calibrated on the bundle and the sweep, its ratio applied
+    to the measured times; another engine's trace (no shapes) and an impossible TP are one line."""
+    r = run_cli("plan", "--from", str(both / "dda"), "--what-if", "tp=1", "--calibration", f"{sweep},{both}", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["layout"]["tp"] == 2 and doc["to"]["tp"] == 1
+    for p in doc["phases"].values():
+        assert p["predicted_ms"] == pytest.approx(p["measured_ms"] * p["model_alt_ms"] / p["model_base_ms"])
+        assert p["predicted_ms"] > 0
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for f in (both / "dda").glob("rank*.json.gz"):
+        (traces / f.name).write_bytes(f.read_bytes())
+    for args, words in ((["--from", str(traces), "--what-if", "tp=1"], "only a commprobe bundle records"),
+                        (["--from", str(both / "dda"), "--what-if", "tp=3"], "cannot split"),
+                        (["--from", str(both / "dda"), "--what-if", "tp=x"], "whole number")):
+        bad = run_cli("plan", *args, "--calibration", str(sweep))
+        assert bad.returncode != 0 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -147,6 +147,22 @@ def outside_calls(ranks: list[dict]) -> dict[str, float]:
     return {ph: float(np.mean(v)) for ph, v in out.items()}
 
 
+def median_outside(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per backend and phase, the median over the calibration's runs of their time outside the calls
+    (each run's rows carry its own): one run's figure moves with the machine's spells (a TP=2 DDA
+    calibration run read 1,131 µs per step against 810-1,363 in three later runs), several steady it."""
+    runs: dict[str, dict[int, dict]] = {}
+    for r in rows:
+        o = r.get("outside_us_per_window")
+        if o:
+            runs.setdefault(r["backend"], {})[id(o)] = o  # one dict per calibration run, shared by its rows
+    out: dict[str, dict[str, float]] = {}
+    for b, per in runs.items():
+        phases = {ph for o in per.values() for ph in o}
+        out[b] = {ph: float(np.median([o[ph] for o in per.values() if ph in o])) for ph in phases}
+    return out
+
+
 def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dict, raw_offset: dict,
             source: str, outside: dict | None = None) -> dict:
     """The result's `headroom`: per phase, each backend's saving and the best one; the rule and the

@@ -1,0 +1,65 @@
+"""`plan --from BUNDLE --what-if tp=N` (cp=N, ep=N): another layout of the traced run, predicted.
+
+A layout change moves compute and communication alike, so it needs the model's shapes: a commprobe
+bundle's manifest holds them (another engine's trace does not, and is refused in one line). The
+cost model is calibrated on the bundle itself (its un-profiled TTFT/TTIT give the machine's compute
+rates, plan/calibrate.py) and a sweep of the machine's collectives (its links); the bundle's own
+layout and the asked one are both predicted, and the measured times scale by their ratio, so what
+the model gets wrong about this machine in absolute terms cancels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .calibrate import calibrate, options_of, workload_of
+from .costmodel import predict
+from .hardware import PlanError
+
+KEYS = ("tp", "cp", "ep")
+
+
+def parse(spec: str) -> tuple[str, int] | None:
+    """('tp', 4) for 'tp=4'; None when the spec is not a layout change."""
+    key, sep, val = spec.partition("=")
+    if key.strip() not in KEYS or not sep:
+        return None
+    try:
+        n = int(val.strip())
+    except ValueError:
+        raise PlanError(f"--what-if {spec}: {key.strip()}=N with N a whole number") from None
+    if n < 1:
+        raise PlanError(f"--what-if {spec}: {key.strip()} must be >= 1")
+    return key.strip(), n
+
+
+def predict_layout(path: str | Path, spec: str, calibration: str) -> dict:
+    key, n = parse(spec) or (None, 0)
+    if key is None:
+        raise PlanError(f"--what-if {spec}: not a layout change (tp=N, cp=N, ep=N)")
+    p = Path(path)
+    if not (p.is_dir() and (p / "manifest.json").is_file()):
+        raise PlanError(f"--what-if {spec} from {path}: a layout change needs the model's shapes, which only a "
+                        "commprobe bundle records (another engine's trace cannot tell them)")
+    sweeps = [c for c in str(calibration).split(",") if c and Path(c).suffix == ".json"]
+    if not sweeps:
+        raise PlanError(f"--what-if {spec}: the links need a sweep in --calibration (commprobe bench collectives "
+                        "--json > FILE)")
+    hw, runs = calibrate([*sweeps, str(p)], name="from-trace")
+    run = runs[0]
+    w, opt, lay = workload_of(run), options_of(run), run["layout"]
+    alt_lay = replace(lay, **{key: n})
+    base, alt = predict(w, lay, hw, opt), predict(w, alt_lay, hw, opt)
+    phases = {}
+    for ph, metric in (("prefill", "ttft"), ("decode", "ttit")):
+        b, a = getattr(base, f"{metric}_ms"), getattr(alt, f"{metric}_ms")
+        measured = run[f"{metric}_ms"]
+        phases[ph] = {"metric": metric, "measured_ms": measured, "model_base_ms": b, "model_alt_ms": a,
+                      "predicted_ms": measured * a / b if b > 0 else None}
+    return {"switch": {"what": key, "value": n}, "from": str(p), "layout": asdict(lay), "to": asdict(alt_lay),
+            "calibration": calibration, "rule": "measured x (model at the asked layout / model at the bundle's "
+            "layout), the model calibrated on the bundle and the sweep", "phases": phases}
+
+
+__all__ = ["parse", "predict_layout", "KEYS"]
