@@ -43,11 +43,9 @@ def plan(
         from commprobe.analyzers.analysis import analyze
         from commprobe.analyzers.readers.model import TraceError
         from commprobe.analyzers.whatif import parse, predict
-        from commprobe.reports.terminal import render_trace_whatif
-
         from commprobe.plan import fromtrace
         from commprobe.plan.hardware import PlanError
-        from commprobe.reports.terminal import render_layout_whatif
+        from commprobe.reports.terminal import render_layout_whatif, render_trace_whatif
 
         if not what_if or not calibration:
             fail("plan --from needs --what-if backend=B (or OP=B, or tp=N) and --calibration")
