@@ -129,9 +129,10 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     waits = matched.pop("_waits")
     baselines, floors, baseline = cause.call_baselines(calls, waits, sweep, manifest)
     own = cause.backend_of(manifest, []) if sweep else None  # the run's own, never guessed from the calibration
+    costs = {r: matching.cost(c, waits[r]) for r, c in calls.items() if r in waits}
     tgt = {r: headroom.targets(c, sweep, len(calls)) for r, c in calls.items()} if sweep else {}
-    offset, raw_offset = headroom.conditions(calls, waits, tgt, own)
-    _phase_waits(ranks, calls, waits, baselines, floors, tgt, offset)
+    offset, raw_offset = headroom.conditions(calls, waits, costs, tgt, own)
+    _phase_waits(ranks, calls, waits, baselines, floors, costs, tgt, offset)
     buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
     axes = _provenance(calls, field=1)
@@ -141,7 +142,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         outside = headroom.median_outside(sweep)
         room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
                                 outside)
-        room["collectives"] = headroom.collectives(calls, waits, tgt, offset)
+        room["collectives"] = headroom.collectives(calls, costs, tgt, offset)
         for ph, p in phases.items():
             line = headroom.advice(room, ph)
             if line:
@@ -212,7 +213,7 @@ def calibration_rows(path) -> list[dict]:
     rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
              "time_us": b["median_us"], "p10_us": float(np.percentile(b["samples_us"], 10)) if b["samples_us"] else
              b["median_us"], "count": b["count"], **({"mean_us": b["mean_cost_us"]} if "mean_cost_us" in b else {}),
-             "outside_us_per_window": outside}
+             "outside_us_per_window": outside, "run": str(p)}
             for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
     if not rows or not backend:
         raise cause.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and its "
@@ -236,28 +237,35 @@ def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:
 
 
 def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | None = None,
-                 floors: dict | None = None, targets: dict | None = None, offset: dict | None = None) -> None:
+                 floors: dict | None = None, costs: dict | None = None, targets: dict | None = None,
+                 offset: dict | None = None) -> None:
     """Per rank, phase and communication category: `exposed_wait_us`, the part of the exposed time
     spent waiting for a straggler (matched calls that start in the phase's windows; on a host
     timeline all of a collective's time is exposed, on a device the wait is capped by the
-    category's exposed time); and `comm_calls`, the calls behind it (cross_rank/cause.py)."""
+    category's exposed time); `comm_calls`, the calls behind it (cross_rank/cause.py); and
+    `switch_calls`, their cost per op and what each calibrated backend would save (headroom.py)."""
     for rk in ranks:
         r = rk["rank"]
+        rc = calls.get(r)
+        known = rc is not None and len(rc) and r in waits
+        if known:  # per rank, once: each call's category, op and cost
+            cat, ops = rc.category(), rc.op()
+            cost = (costs or {}).get(r)
+            if cost is None:
+                cost = matching.cost(rc, waits[r])
         for phase, spans in rk["windows"].items():
             cats = rk["phases"][phase]["categories"]
             for c in COMM_CATS:
                 cats[c]["exposed_wait_us"] = 0.0
             if not spans:
                 continue
+            if not known:
+                continue
             lo = np.array([a for a, _ in spans])
             hi = np.array([b for _, b in spans])
-            rc = calls.get(r)
-            if rc is None or not len(rc) or r not in waits:
-                continue
             k = np.searchsorted(lo, rc.start, side="right") - 1
             in_win = (k >= 0) & (rc.start < hi[np.maximum(k, 0)])
             inside = in_win & (waits[r][0] > 0)  # NaN (unmatched) is not > 0
-            cat = rc.category()
             base = (baselines or {}).get(r, np.full(len(rc), np.nan))
             floor = (floors or {}).get(r)
             for name in COMM_CATS:
@@ -267,7 +275,7 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | 
                 sel = inside & mine
                 cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
                 cause.accumulate(rk, phase, name, mine, waits[r], base, floor)
-                headroom.accumulate(rk, phase, name, mine, rc, waits[r], (targets or {}).get(r) or {}, offset or {})
+                headroom.accumulate(rk, phase, name, mine, ops, cost, (targets or {}).get(r) or {}, offset or {})
             for c in COMM_CATS:
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 

@@ -17,10 +17,10 @@ all_to_all, send_recv, all_gather) only that op's calls.
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 from .cross_rank import headroom
+from .readers import remote
 from .readers.model import TraceError
 
 PHASE_METRIC = {"prefill": "ttft", "decode": "ttit"}
@@ -68,7 +68,7 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
         raise TraceError(f"--what-if {spec}: the calibration measured {', '.join(h['backends']) or 'no backend'}, "
                          f"not {backend}")
     keys = None if what == "backend" else (lambda k: k.split("|", 1)[1] == what)
-    unprof = _unprofiled(Path(path)) if not str(path).startswith(("http", "s3:", "gs:")) else {}
+    unprof = {} if remote.is_url(path) else _unprofiled(Path(path))
     phases = {}
     for ph in h["phases"]:
         s = headroom.saved(result["ranks"], ph, backend, keys)
@@ -105,11 +105,6 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
     return {"switch": {"what": what, "backend": backend}, "from": str(path), "own_backend": h["own_backend"],
             "calibration": h["calibration"], "rule": h["rule"], "notes": h["notes"],
             "conditions_offset_us": h["conditions_offset_us"], "phases": phases}
-
-
-def median_error(pairs: list[tuple[float, float]]) -> float:
-    """Median of |predicted - measured| / measured over (predicted, measured) pairs."""
-    return statistics.median(abs(p - m) / m for p, m in pairs if m > 0)
 
 
 __all__ = ["parse", "predict", "PHASE_METRIC"]

@@ -97,7 +97,7 @@ def backend_of(manifest: dict | None, rows: list[dict]) -> str | None:
 
 
 def lookup(rows: list[dict], backend: str, op: str, world: int, nbytes: np.ndarray,
-                  field: str = "time_us") -> np.ndarray:
+           field: str = "time_us") -> np.ndarray:
     """Per call, the calibration's `field` at that size (log-log interpolation, clamped to the
     calibration's ends); NaN where it has no row for the op."""
     pts = [r for r in rows if r["backend"] == backend and r["op"] == op and (r["world"] in (0, world))]
@@ -124,7 +124,7 @@ def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
         for r, c in calls.items():
             if not len(c):
                 continue
-            ops = np.array([k[0] for k in c.kinds] or [""], dtype=object)[c.kind]
+            ops = c.op()
             for op in set(ops.tolist()):
                 sel = ops == op
                 sizes = c.bytes[sel].astype(float)
@@ -141,7 +141,7 @@ def call_baselines(calls: dict, waits: dict, calibration: list[dict] | None,
     for r, c in calls.items():
         if not len(c):
             continue
-        ops = np.array([k[0] for k in c.kinds] or [""], dtype=object)[c.kind]
+        ops = c.op()
         bucket = np.where(c.bytes > 0, np.ceil(np.log2(np.maximum(c.bytes, 1))), -1).astype(np.int64)
         keyed[r] = list(zip(ops.tolist(), bucket.tolist()))
         if r in waits:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .cause import lookup
+from .matching import size_bucket
 
 RULE = ("saving per call = its transfer and the waiting its transport carried over (waiting for a late rank "
         "left out) - the target backend's calibrated mean cost at the call's op, group size and message size "
@@ -34,7 +35,7 @@ def targets(calls, rows: list[dict], n_ranks: int) -> dict[str, np.ndarray]:
     has no row for its op)."""
     if not len(calls):
         return {}
-    ops = np.array([k[0] for k in calls.kinds] or [""], dtype=object)[calls.kind]
+    ops = calls.op()
     out = {}
     for b in sorted({r["backend"] for r in rows if r.get("backend")}):
         t = np.full(len(calls), np.nan)
@@ -46,9 +47,10 @@ def targets(calls, rows: list[dict], n_ranks: int) -> dict[str, np.ndarray]:
     return out
 
 
-def conditions(calls: dict, waits: dict, tgt: dict, own: str | None) -> tuple[dict[str, float], dict[str, float]]:
+def conditions(calls: dict, waits: dict, costs: dict, tgt: dict,
+               own: str | None) -> tuple[dict[str, float], dict[str, float]]:
     """Per op: (the offset added to every backend's calibrated time, the measured difference
-    before flooring). Empty without the own backend in the calibration."""
+    before flooring), over the matched calls. Empty without the own backend in the calibration."""
     if not own:
         return {}, {}
     diff: dict[str, list] = {}
@@ -56,9 +58,9 @@ def conditions(calls: dict, waits: dict, tgt: dict, own: str | None) -> tuple[di
         t = tgt.get(r, {}).get(own)
         if t is None or r not in waits or not len(c):
             continue
-        tr = np.where(np.isnan(waits[r][1]), np.nan, _achieved(c, waits[r]))
+        tr = np.where(np.isnan(waits[r][1]), np.nan, costs[r])
         ok = ~np.isnan(tr) & ~np.isnan(t)
-        ops = np.array([k[0] for k in c.kinds] or [""], dtype=object)[c.kind]
+        ops = c.op()
         for op in set(ops[ok].tolist()):
             m = ok & (ops == op)
             diff.setdefault(op, []).append(tr[m] - t[m])
@@ -66,13 +68,11 @@ def conditions(calls: dict, waits: dict, tgt: dict, own: str | None) -> tuple[di
     return {op: max(0.0, d) for op, d in raw.items()}, raw
 
 
-def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, calls, waits: tuple, tgt: dict,
-               offset: dict[str, float]) -> None:
-    """Add a rank's calls `sel` (in the phase's windows, of category `cat`) to the phase's
-    `switch_calls["cat|op"]`: calls, achieved transfer (µs; a call no other rank matched counts
-    whole) and, per backend, the saving over the calls it covers."""
-    ops = np.array([k[0] for k in calls.kinds] or [""], dtype=object)[calls.kind]
-    achieved = _achieved(calls, waits)
+def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, ops: np.ndarray, achieved: np.ndarray,
+               tgt: dict, offset: dict[str, float]) -> None:
+    """Add a rank's calls `sel` (in the phase's windows, of category `cat`; per call its op and its
+    cost, matching.cost) to the phase's `switch_calls["cat|op"]`: calls, their cost (µs) and, per
+    backend, the saving over the calls it covers."""
     for op in set(ops[sel].tolist()):
         m = sel & (ops == op)
         acc = rk["phases"][phase].setdefault("switch_calls", {}).setdefault(
@@ -87,12 +87,11 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, calls, waits: tu
                 acc["covered"][b] = acc["covered"].get(b, 0) + int(ok.sum())
 
 
-def _achieved(calls, waits: tuple) -> np.ndarray:
-    """Per call, what a backend switch replaces: its transfer and the waiting its transport carried
-    over from the previous collective (matching.match's `carried`); a call no other rank matched,
-    its whole duration."""
-    tr, carried = waits[1], waits[4]
-    return np.where(np.isnan(tr), calls.end - calls.start, tr + np.nan_to_num(carried))
+def _exposed_share(p: dict, key: str) -> float:
+    """The exposed share of the category of `key` ("cat|op") in phase `p`: what compute hides
+    would not shorten a window."""
+    c = p["categories"].get(key.split("|", 1)[0]) or {}
+    return min(1.0, c["exposed_us"] / c["total_us"]) if c.get("total_us") else 1.0
 
 
 def saved(ranks: list[dict], phase: str, backend: str, keys=None) -> dict:
@@ -111,9 +110,7 @@ def saved(ranks: list[dict], phase: str, backend: str, keys=None) -> dict:
             if keys is not None and not keys(key):
                 continue
             cat = key.split("|", 1)[0]
-            c = p["categories"].get(cat) or {}
-            share = c["exposed_us"] / c["total_us"] if c.get("total_us") else 1.0
-            s = acc["saved_us"].get(backend, 0.0) * min(1.0, share) / p["windows"]
+            s = acc["saved_us"].get(backend, 0.0) * _exposed_share(p, key) / p["windows"]
             us += s
             per_cat[cat] = per_cat.get(cat, 0.0) + s
             calls += acc["calls"]
@@ -138,24 +135,20 @@ def outside_calls(ranks: list[dict]) -> dict[str, float]:
         for ph, p in rk["phases"].items():
             if not p["windows"]:
                 continue
-            calls = 0.0
-            for key, acc in (p.get("switch_calls") or {}).items():
-                c = p["categories"].get(key.split("|", 1)[0]) or {}
-                share = c["exposed_us"] / c["total_us"] if c.get("total_us") else 1.0
-                calls += acc["achieved_us"] * min(1.0, share)
+            calls = sum(acc["achieved_us"] * _exposed_share(p, key) for key, acc in (p.get("switch_calls") or {}).items())
             out.setdefault(ph, []).append(max(0.0, p["e2e_us"] - calls) / p["windows"])
     return {ph: float(np.mean(v)) for ph, v in out.items()}
 
 
 def median_outside(rows: list[dict]) -> dict[str, dict[str, float]]:
     """Per backend and phase, the median over the calibration's runs of their time outside the calls
-    (each run's rows carry its own): one run's figure moves with the machine's spells (a TP=2 DDA
-    calibration run read 1,131 µs per step against 810-1,363 in three later runs), several steady it."""
-    runs: dict[str, dict[int, dict]] = {}
+    (each run's rows carry its own and its path): one run's figure moves with the machine's spells (a
+    TP=2 DDA calibration run read 1,131 µs per step against 810-1,363 in three later runs), several
+    steady it."""
+    runs: dict[str, dict[str, dict]] = {}
     for r in rows:
-        o = r.get("outside_us_per_window")
-        if o:
-            runs.setdefault(r["backend"], {})[id(o)] = o  # one dict per calibration run, shared by its rows
+        if r.get("outside_us_per_window"):
+            runs.setdefault(r["backend"], {})[r["run"]] = r["outside_us_per_window"]
     out: dict[str, dict[str, float]] = {}
     for b, per in runs.items():
         phases = {ph for o in per.values() for ph in o}
@@ -171,13 +164,13 @@ def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dic
     names = sorted({ph for rk in ranks for ph, p in rk["phases"].items() if p.get("switch_calls")})
     for ph in names:
         per = {b: saved(ranks, ph, b) for b in backends}
-        best = min(backends, key=lambda b: -per[b]["saved_us_per_window"]) if backends else None
+        best = max(backends, key=lambda b: per[b]["saved_us_per_window"]) if backends else None
         e2e = [rk["phases"][ph]["e2e_us"] / rk["phases"][ph]["windows"] for rk in ranks
                if ph in rk["phases"] and rk["phases"][ph]["windows"]]
+        e2e_mean = float(np.mean(e2e)) if e2e else 0.0
         head = max(0.0, per[best]["saved_us_per_window"]) if best else 0.0
-        phases[ph] = {"e2e_us_per_window": float(np.mean(e2e)) if e2e else 0.0, "backends": per, "best": best,
-                      "headroom_us_per_window": head,
-                      "headroom_share": head / float(np.mean(e2e)) if e2e and np.mean(e2e) > 0 else 0.0}
+        phases[ph] = {"e2e_us_per_window": e2e_mean, "backends": per, "best": best, "headroom_us_per_window": head,
+                      "headroom_share": head / e2e_mean if e2e_mean > 0 else 0.0}
     off_note = [f"{op}: {d:+.1f} µs" for op, d in sorted(raw_offset.items()) if own and d < 0]
     return {"calibration": source, "backends": backends, "own_backend": own, "conditions_offset_us": offset,
             "outside_calls_us_per_window": outside or {}, "trace_outside_calls_us_per_window": outside_calls(ranks),
@@ -213,15 +206,15 @@ def advice(summary_: dict, phase: str, min_share: float = 0.01) -> str | None:
             f"`commprobe plan --from` predicts it)")
 
 
-def collectives(calls: dict, waits: dict, tgt: dict, offset: dict) -> list[dict]:
-    """Per (op, axis, group size, size bucket): calls, achieved transfer (median), each backend's
-    calibrated time there (+ offset), the best backend and the headroom per call against it."""
+def collectives(calls: dict, costs: dict, tgt: dict, offset: dict) -> list[dict]:
+    """Per (op, axis, group size, size bucket): calls, their cost (median; matching.cost), each
+    backend's calibrated time there (+ offset), the best backend and the headroom per call."""
     groups: dict[tuple, dict] = {}
     for r, c in calls.items():
-        if not len(c) or r not in waits:
+        if not len(c) or r not in costs:
             continue
-        achieved = _achieved(c, waits[r])
-        bucket = np.where(c.bytes > 0, np.left_shift(1, np.ceil(np.log2(np.maximum(c.bytes, 1))).astype(np.int64)), 0)
+        achieved = costs[r]
+        bucket = size_bucket(c.bytes)
         for i, (op, axis, _cat, _src) in enumerate(c.kinds):
             sel = c.kind == i
             for bk in set(bucket[sel].tolist()):

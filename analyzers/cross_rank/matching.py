@@ -130,6 +130,19 @@ def _exit_skew(key: np.ndarray, rank_pos: np.ndarray, end: np.ndarray, last_pos:
     return np.where(ok, end[j] - end[np.maximum(prev, 0)], np.nan)
 
 
+def cost(calls: Calls, waits: tuple) -> np.ndarray:
+    """Per call, what it costs a step as its backend's doing: its transfer and the waiting its
+    transport carried over (`carried`); a call no other rank matched, its whole duration. What a
+    backend switch replaces (cross_rank/headroom.py) and each size bucket's `mean_cost_us`."""
+    tr, carried = waits[1], waits[4]
+    return np.where(np.isnan(tr), calls.end - calls.start, tr + np.nan_to_num(carried))
+
+
+def size_bucket(nbytes: np.ndarray) -> np.ndarray:
+    """The power of two at or above each size (1 below a byte); 0 where the size is unknown."""
+    return np.where(nbytes > 0, np.left_shift(1, np.ceil(np.log2(np.maximum(nbytes, 1))).astype(np.int64)), 0)
+
+
 MAX_SAMPLES = 256  # per bucket, kept in the result for the regression gate's statistics
 
 
@@ -150,16 +163,16 @@ def size_buckets(calls_by_rank: dict[int, Calls], waits: dict) -> list[dict]:
         lut = np.array([kinds.setdefault(kd, len(kinds)) for kd in c.kinds], np.int64)
         tr = waits[r][1] if r in waits else np.full(len(c), np.nan)
         lat = np.where(np.isnan(tr), c.end - c.start, tr)
-        carried = np.nan_to_num(waits[r][4]) if r in waits else np.zeros(len(c))
-        cols["cost"].append((lat + carried)[ok])
+        cols["cost"].append((cost(c, waits[r]) if r in waits else lat)[ok])
         cols["kind"].append(lut[c.kind[ok]])
-        cols["bucket"].append(np.left_shift(1, np.maximum(0, np.ceil(np.log2(c.bytes[ok]))).astype(np.int64)))
+        cols["bucket"].append(size_bucket(c.bytes[ok]))
         cols["lat"].append(lat[ok])
         cols["bytes"].append(c.bytes[ok])
         cols["n"].append(np.where(c.group_size[ok] > 0, c.group_size[ok], len(calls_by_rank)))
     if not kinds or not cols["kind"]:
         return []
-    kind, bucket, lat, nbytes, n, cost = (np.concatenate(cols[x]) for x in ("kind", "bucket", "lat", "bytes", "n", "cost"))
+    kind, bucket, lat, nbytes, n, call_cost = (np.concatenate(cols[x])
+                                              for x in ("kind", "bucket", "lat", "bytes", "n", "cost"))
     names = list(kinds)
     rows = []
     combo = kind * (1 << 48) + bucket  # buckets are powers of two far below 2^48
@@ -179,7 +192,7 @@ def size_buckets(calls_by_rank: dict[int, Calls], waits: dict) -> list[dict]:
         algbw = mean_bytes / med / 1e3 if med > 0 else 0.0  # bytes/µs -> GB/s
         rows.append({"op": op, "axis": axis, "axis_source": src, "category": cat, "bucket_bytes": int(b), "count": len(idx),
                      "median_us": med, "p90_us": float(np.percentile(lats, 90)), "mean_bytes": mean_bytes,
-                     "mean_cost_us": float(np.mean(cost[idx])),
+                     "mean_cost_us": float(np.mean(call_cost[idx])),
                      "group_size": gs, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, gs),
                      "samples_us": thin(lats, MAX_SAMPLES, 3)})
     return rows

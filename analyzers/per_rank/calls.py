@@ -44,7 +44,14 @@ class Calls:
 
     def category(self) -> np.ndarray:
         """Per call: its category name (object array)."""
-        return np.array([k[2] for k in self.kinds] or [""], dtype=object)[self.kind] if len(self) else np.zeros(0, object)
+        return self._field(2)
+
+    def op(self) -> np.ndarray:
+        """Per call: its op name (object array)."""
+        return self._field(0)
+
+    def _field(self, i: int) -> np.ndarray:
+        return np.array([k[i] for k in self.kinds] or [""], dtype=object)[self.kind] if len(self) else np.zeros(0, object)
 
 
 def group_starts(sorted_keys: np.ndarray) -> np.ndarray:
