@@ -140,8 +140,10 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     room = None
     if sweep:
         outside = headroom.median_outside(sweep)
+        total = sum(len(c) for c in calls.values())
+        lone = total - matched["matched_calls"] * len(calls)  # one rank's trace: none matched
         room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
-                                outside)
+                                outside, (lone, total))
         room["collectives"] = headroom.collectives(calls, costs, tgt, offset)
         for ph, p in phases.items():
             line = headroom.advice(room, ph)

@@ -151,3 +151,18 @@ def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
         bad = run_cli("plan", *args, "--calibration", str(sweep))
         assert bad.returncode != 0 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_one_ranks_trace_says_its_headroom_is_an_upper_bound(both, tmp_path):
+    """One rank's trace cannot tell waiting from transfer: every call counts whole, and the result
+    and its advice say the saving is an upper bound rather than giving it as if measured."""
+    one = tmp_path / "rank0"
+    one.mkdir()
+    src = sorted((both / "gloo").glob("rank0*.json.gz"))[0]
+    (one / src.name).write_bytes(src.read_bytes())
+    r = analyze(one, calibration=str(both))
+    h = r["headroom"]
+    assert h["unmatched_calls"] == h["calls"] > 0
+    assert any("matched no other rank's" in n for n in h["notes"])
+    advice = [x for x in r["phases"]["decode"]["recommendations"] if "slower than dda" in x or "to dda" in x]
+    assert advice and all("at most" in x for x in advice)

@@ -157,9 +157,11 @@ def median_outside(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dict, raw_offset: dict,
-            source: str, outside: dict | None = None) -> dict:
-    """The result's `headroom`: per phase, each backend's saving and the best one; the rule and the
-    conditions the calibration was measured under."""
+            source: str, outside: dict | None = None, unmatched: tuple[int, int] = (0, 0)) -> dict:
+    """The result's `headroom`: per phase, each backend's saving and the best one; the rule, the
+    conditions the calibration was measured under, and how many calls (of all) no other rank's
+    trace matched: their whole duration is their cost, waiting included (one rank's trace cannot
+    tell waiting from transfer), so what they would save is an upper bound."""
     phases = {}
     names = sorted({ph for rk in ranks for ph, p in rk["phases"].items() if p.get("switch_calls")})
     for ph in names:
@@ -172,14 +174,18 @@ def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dic
         phases[ph] = {"e2e_us_per_window": e2e_mean, "backends": per, "best": best, "headroom_us_per_window": head,
                       "headroom_share": head / e2e_mean if e2e_mean > 0 else 0.0}
     off_note = [f"{op}: {d:+.1f} µs" for op, d in sorted(raw_offset.items()) if own and d < 0]
+    lone, total = unmatched
+    notes = [f"the calibration's {own} differs from this trace's calls ({', '.join(off_note)} per call, achieved "
+             "minus calibrated): it was measured under other conditions (a sweep's back-to-back calls against a "
+             "profiled model's); savings are estimates, a profiled run per backend calibrates better"] if off_note else []
+    if lone:
+        notes.append(f"{lone} of {total} calls matched no other rank's: their whole duration is counted, waiting for "
+                     "late ranks included (transfer and waiting cannot be told apart without the other ranks' "
+                     "traces), so their saving is an upper bound")
     return {"calibration": source, "backends": backends, "own_backend": own, "conditions_offset_us": offset,
             "outside_calls_us_per_window": outside or {}, "trace_outside_calls_us_per_window": outside_calls(ranks),
-            "measured_difference_us": raw_offset, "rule": RULE,
-            "notes": ([f"the calibration's {own} differs from this trace's calls ({', '.join(off_note)} per call, "
-                       "achieved minus calibrated): it was measured under other conditions (a sweep's back-to-back "
-                       "calls against a profiled model's); savings are estimates, a profiled run per backend "
-                       "calibrates better"] if off_note else []),
-            "phases": phases}
+            "measured_difference_us": raw_offset, "rule": RULE, "unmatched_calls": lone, "calls": total,
+            "notes": notes, "phases": phases}
 
 
 CATEGORY_WORDS = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention", "ep_all_to_all": "EP all-to-all",
@@ -197,13 +203,16 @@ def advice(summary_: dict, phase: str, min_share: float = 0.01) -> str | None:
     top = max(s["by_category"].items(), key=lambda kv: kv[1])[0] if s["by_category"] else None
     unit, metric = PHASE_WORDS.get(phase, ("window", f"the {phase} time"))
     what = CATEGORY_WORDS.get(top, top or "its collectives")
+    bound = ("; at most: most calls matched no other rank's, so their waiting is counted too"
+             if summary_.get("unmatched_calls", 0) * 2 > summary_.get("calls", 0) else "")
     if not summary_.get("own_backend"):  # another engine's trace: its collectives are its own to change
         return (f"{what} here is ~{p['headroom_us_per_window'] / 1e3:.2f} ms per {unit} ({p['headroom_share']:.0%} of "
                 f"{metric}) slower than {p['best']} measured on this machine at these message sizes (headroom only: "
-                f"the engine's own collectives, which commprobe cannot switch; calibration: {summary_['calibration']})")
+                f"the engine's own collectives, which commprobe cannot switch; calibration: {summary_['calibration']}"
+                f"{bound})")
     return (f"switching {what} to {p['best']} saves ~{p['headroom_us_per_window'] / 1e3:.2f} ms per {unit}, "
             f"{p['headroom_share']:.0%} of {metric}, at these message sizes (calibration: {summary_['calibration']}; "
-            f"`commprobe plan --from` predicts it)")
+            f"`commprobe plan --from` predicts it{bound})")
 
 
 def collectives(calls: dict, costs: dict, tgt: dict, offset: dict) -> list[dict]:
