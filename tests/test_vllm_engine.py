@@ -251,10 +251,21 @@ def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profil
     (the engine's own processes share these two cores)."""
     import contextlib
 
-    with _Throttle(_worker_pid(starved)) if starved is not None else contextlib.nullcontext():
-        traces = _profiled(vllm_server, tmp_path / "prof")
-    truth = [_collective_time(t) for t in traces]
-    r = analyze(tmp_path / "prof")
+    # The truth first, from the raw events alone: a capture in which the starved worker's peer spent
+    # the longer time in the collectives (it waited for the starved one). Where the stops fell is
+    # chance: in one CI run of three with the same 4-of-5 stop they fell mostly inside the starved
+    # worker's own collective calls (its time in them 30 ms against its peer's 5 ms), a different
+    # truth this test does not set out to check; so up to three captures, the first with that truth.
+    for attempt in range(3 if starved is not None else 1):
+        prof = tmp_path / f"prof{attempt}"
+        with _Throttle(_worker_pid(starved)) if starved is not None else contextlib.nullcontext():
+            traces = _profiled(vllm_server, prof)
+        truth = [_collective_time(t) for t in traces]
+        if starved is None or truth[1 - starved] > truth[starved]:
+            break
+        print(f"starved={starved}: capture {attempt}: time in collectives (µs) {[round(t) for t in truth]}: "
+              "the stops fell inside the starved worker's calls; captured again")
+    r = analyze(prof)
     assert invariant_violations(r) == []
     causes = {ph: p["communication_cause"] for ph, p in r["phases"].items() if p.get("communication_cause")}
     line = {ph: (p["verdict"], c["class"], round(c["wait_share"], 3), c["culprit"], c["wait_caused_by"])
@@ -280,16 +291,16 @@ def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profil
             assert c["culprit"] in (starved, None), (ph, line)
     assert any(c["culprit"] == starved for c in causes.values()), line
     if starved == 1:  # the same capture in Perfetto: every event of each worker, the waits named
-        _perfetto_checks(tmp_path, traces, r)
+        _perfetto_checks(tmp_path, traces, r, prof)
 
 
-def _perfetto_checks(tmp_path, traces, r) -> None:
+def _perfetto_checks(tmp_path, traces, r, prof) -> None:
     """The merged trace of this real capture (issue: look at it in Perfetto): each worker's events as
     many as its raw file holds (counted here), its waiting slices summing to the analysis' waiting,
     and rank 0's waits mostly "waiting for rank 1"."""
     from commprobe.analyzers.perfetto import TRACK, WAITING, export
 
-    done = export(tmp_path / "prof", tmp_path / "vllm.json.gz")
+    done = export(prof, tmp_path / "vllm.json.gz")
     doc = json.load(__import__("gzip").open(tmp_path / "vllm.json.gz", "rt"))
     for rank, trace in enumerate(traces):
         mine = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == rank and e["tid"] < TRACK]
