@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from commprobe.common.bundle import FLIGHT_RECORDER, read_manifest, single_manifest, sub_bundles, telemetry_path
+from commprobe.common.bundle import (FLIGHT_RECORDER, read_manifest, single_manifest, sub_bundles, telemetry_path,
+                                     unprofiled_medians)
 from commprobe.common.errors import InputError
 from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
@@ -139,11 +140,11 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline)
     room = None
     if sweep:
-        outside = headroom.median_outside(sweep)
+        outside = headroom.median_per_run(sweep, "outside_us_per_window")
         total = sum(len(c) for c in calls.values())
         lone = total - matched["matched_calls"] * len(calls)  # one rank's trace: none matched
         room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
-                                outside, (lone, total))
+                                outside, (lone, total), headroom.median_per_run(sweep, "unprofiled_ratio"))
         room["collectives"] = headroom.collectives(calls, costs, tgt, offset)
         for ph, p in phases.items():
             line = headroom.advice(room, ph)
@@ -212,10 +213,11 @@ def calibration_rows(path) -> list[dict]:
     res = load_result(p)
     backend = cause.backend_of(res.get("manifest"), [])
     outside = headroom.outside_calls(res["ranks"])
+    unprofiled = headroom.unprofiled_ratio(res["ranks"], unprofiled_medians(p))  # {} for an analysis JSON
     rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
              "time_us": b["median_us"], "p10_us": float(np.percentile(b["samples_us"], 10)) if b["samples_us"] else
              b["median_us"], "count": b["count"], **({"mean_us": b["mean_cost_us"]} if "mean_cost_us" in b else {}),
-             "outside_us_per_window": outside, "run": str(p)}
+             "outside_us_per_window": outside, "unprofiled_ratio": unprofiled, "run": str(p)}
             for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
     if not rows or not backend:
         raise cause.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and its "

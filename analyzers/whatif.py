@@ -6,9 +6,10 @@ window (their transfer and the waiting their transport carried over, less the ta
 cost at their op, group size and size; the exposed share applied). A whole-backend switch also
 scales the rest of the window (compute, idle, waiting for late ranks, communication outside any
 call) by what the calibration measured of it under each backend, where it ran both: the backend's
-cost outside its calls (headroom.outside_calls). The measured
-time is the trace's own per-window time and, where the input is a commprobe bundle, its
-un-profiled TTFT/TTIT too, predicted to shrink by the same fraction.
+cost outside its calls (headroom.outside_calls). The measured time is the trace's own per-window
+time and, where the input is a commprobe bundle, its un-profiled TTFT/TTIT too: the predicted trace
+time times the target's un-profiled/profiled ratio where the calibration ran the target both ways
+(a run bundle), else shrunk by the fraction the trace saves.
 
 Keys: `backend=B` switches every collective the calibration measured; `allreduce=B` (or any op:
 all_to_all, send_recv, all_gather) only that op's calls.
@@ -16,14 +17,15 @@ all_to_all, send_recv, all_gather) only that op's calls.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from commprobe.common.bundle import unprofiled_medians
+
 from .cross_rank import headroom
+from .cross_rank.headroom import PHASE_METRIC
 from .readers import remote
 from .readers.model import TraceError
 
-PHASE_METRIC = {"prefill": "ttft", "decode": "ttit"}
 # A calibration's ratio of time outside the calls (target backend over own) counts only beyond this
 # machine's run-to-run noise of that time: the same backend's four runs spread 7-16 % (TP=2 decode,
 # EP=2 prefill), so a ratio within +-25 % is not told from noise (one EP=2 calibration read 1.13,
@@ -40,23 +42,6 @@ def parse(spec: str) -> tuple[str, str]:
     return what, backend
 
 
-def _unprofiled(path: Path) -> dict[str, float]:
-    """A bundle's un-profiled medians (ms) of TTFT and TTIT, the slowest rank's; {} otherwise."""
-    f = path / "timings.json"
-    if not f.is_file():
-        return {}
-    try:
-        ranks = json.loads(f.read_text()).get("ranks") or []
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    out = {}
-    for m in ("ttft", "ttit"):
-        vals = [r.get(f"{m}_median_ms") for r in ranks if isinstance(r.get(f"{m}_median_ms"), (int, float))]
-        if vals:
-            out[m] = max(vals)
-    return out
-
-
 def predict(result: dict, path: str | Path, spec: str) -> dict:
     """Per phase: measured, saved and predicted times, and the terms used."""
     what, backend = parse(spec)
@@ -68,7 +53,8 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
         raise TraceError(f"--what-if {spec}: the calibration measured {', '.join(h['backends']) or 'no backend'}, "
                          f"not {backend}")
     keys = None if what == "backend" else (lambda k: k.split("|", 1)[1] == what)
-    unprof = {} if remote.is_url(path) else _unprofiled(Path(path))
+    unprof = {} if remote.is_url(path) else unprofiled_medians(Path(path))
+    profiler = h.get("unprofiled_per_trace_us") or {}
     phases = {}
     for ph in h["phases"]:
         s = headroom.saved(result["ranks"], ph, backend, keys)
@@ -94,11 +80,23 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
                "predicted_us_per_window": e2e - total, "share": total / e2e if e2e else 0.0}
         metric = PHASE_METRIC.get(ph)
         if metric and metric in unprof and e2e > 0:
-            # un-profiled: the same fraction saved (the profiler's per-call cost differs between
-            # the runs, so the trace's µs cannot be subtracted from an un-profiled time)
             row["metric"] = metric
             row["measured_ms"] = unprof[metric]
-            row["predicted_ms"] = unprof[metric] * (1 - total / e2e)
+            k = profiler.get(backend, {}).get(ph) if keys is None else None
+            if k:
+                # the predicted trace time is the target's under the profiler: its un-profiled time
+                # is the target's own ratio of the two, which the calibration measured (the
+                # profiler adds per recorded op: DDA's ratio 0.53-0.57 per TP=2 decode step, gloo's
+                # 0.62-0.97); the trace's own ratio would carry the own backend's
+                row["unprofiled_rule"] = f"predicted trace time x {backend}'s un-profiled/profiled ratio measured by the calibration"
+                row["unprofiled_ratio"] = k
+                row["predicted_ms"] = (e2e - total) * k / 1e3
+            else:
+                # no un-profiled run of the target (a sweep's calibration, one op switched): the same
+                # fraction saved as in the trace (the trace's µs cannot be subtracted from an
+                # un-profiled time: the profiler's per-call cost differs between the runs)
+                row["unprofiled_rule"] = "the measured un-profiled time less the fraction the trace saves"
+                row["predicted_ms"] = unprof[metric] * (1 - total / e2e)
         phases[ph] = row
     if not phases:
         raise TraceError(f"--what-if {spec}: no {what if keys else 'collective'} calls in the trace's phases")

@@ -8,7 +8,7 @@ calibration bundle and the other rounds (never the round predicted); predicted a
 measured are compared as medians over rounds, for the trace's own time per window (profiled) and
 the bundle's un-profiled TTFT/TTIT.
 
-    python bench/whatif_check.py [--rounds 3] [--layouts tp2,cp2,ep2] [--tp] [--json OUT]
+    python bench/whatif_check.py [--rounds 3] [--layouts tp2,cp2,ep2] [--tp] [--json OUT] [--keep DIR [--reuse]]
 
 With --tp, also `--what-if tp=1` from TP=2 DDA bundles against TP=1 runs alternated with them.
 """
@@ -25,7 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+REUSE = False  # --reuse: bundles already in --keep are re-scored, not run again
+
+
 def _profile(layout: str, out: Path) -> None:
+    if REUSE and (out / "manifest.json").is_file():
+        return
     from commprobe.collectives.backends import process_group_backend
     from commprobe.probe.bench.diagnosis import LAYOUTS
     from commprobe.probe.profile import run_profile
@@ -63,17 +68,21 @@ def check(layout: str, rounds: int, work: Path) -> list[dict]:
             meas_tr.append(other["trace_us_per_window"])
             meas_un.append(other.get("measured_ms"))
         med = statistics.median
+        spread = [m for m in meas_un if m is not None]
         row = {"layout": layout, "phase": phase, "from": src, "to": dst, "rounds": rounds,
                "predicted_trace_us": med(pred_tr), "measured_trace_us": med(meas_tr),
                "predicted_ms": med(pred_un) if None not in pred_un else None,
                "measured_ms": med(meas_un) if None not in meas_un else None,
-               "per_round": list(zip(pred_tr, meas_tr))}
+               "per_round": list(zip(pred_tr, meas_tr)), "per_round_ms": list(zip(pred_un, meas_un)),
+               # the target's own run-to-run spread, un-profiled: what no prediction can beat here
+               "measured_spread": (max(spread) / min(spread) - 1) if spread else None}
         row["trace_error"] = row["predicted_trace_us"] / row["measured_trace_us"] - 1
         row["unprofiled_error"] = (row["predicted_ms"] / row["measured_ms"] - 1) if row["measured_ms"] else None
         rows.append(row)
         print(f"{layout} {phase}: {src} → {dst}: trace {row['predicted_trace_us']:,.0f} predicted vs "
               f"{row['measured_trace_us']:,.0f} µs measured ({row['trace_error']:+.0%}); un-profiled "
-              f"{row['predicted_ms']:.3f} vs {row['measured_ms']:.3f} ms ({row['unprofiled_error']:+.0%})", flush=True)
+              f"{row['predicted_ms']:.3f} vs {row['measured_ms']:.3f} ms ({row['unprofiled_error']:+.0%}; {dst}'s own runs "
+              f"spread {row['measured_spread']:.0%})", flush=True)
     return rows
 
 
@@ -89,12 +98,15 @@ def check_tp(rounds: int, work: Path) -> dict:
     from commprobe.probe.run import RunConfig
 
     sweep = work / "sweep.json"
-    r = subprocess.run([sys.executable, "-m", "commprobe.probe.cli", "bench", "collectives", "--backend", "dda",
+    r = None if REUSE and sweep.is_file() else subprocess.run([sys.executable, "-m", "commprobe.probe.cli", "bench", "collectives", "--backend", "dda",
                         "--min", "256", "--max", "64K", "--batches", "3", "--json"], capture_output=True, text=True)
-    sweep.write_text(r.stdout)
+    if r is not None:
+        sweep.write_text(r.stdout)
     pred, meas = {"ttft": [], "ttit": []}, {"ttft": [], "ttit": []}
     for i in range(rounds):
         for tp, backend in ((2, "dda"), (1, "gloo")):
+            if REUSE and (work / f"layout-tp{tp}-round{i}" / "manifest.json").is_file():
+                continue
             fields = {**LAYOUTS["tp2"][0], "tp": tp}
             cfg = RunConfig(backends=[backend], repeats=3, out_dir=str(work / f"layout-tp{tp}-round{i}"), timeout=300, seed=0,
                             **fields)
@@ -120,7 +132,10 @@ def main() -> None:
     ap.add_argument("--json", dest="json_out")
     ap.add_argument("--keep", help="Keep the bundles in this directory.")
     ap.add_argument("--tp", action="store_true", help="Also check --what-if tp=1 from TP=2 bundles.")
+    ap.add_argument("--reuse", action="store_true", help="Re-score the bundles already in --keep (run the missing).")
     a = ap.parse_args()
+    global REUSE
+    REUSE = a.reuse
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commprobe-whatif-"))
     work.mkdir(parents=True, exist_ok=True)
     rows = [r for lay in a.layouts.split(",") if lay for r in check(lay, a.rounds, work)]

@@ -134,6 +134,23 @@ def read_timings(path: Path) -> dict:
     return read_json(tpath, "timings")
 
 
+def unprofiled_medians(path: Path) -> dict[str, float]:
+    """A bundle's un-profiled medians (ms) of TTFT and TTIT, the slowest rank's (a token is ready
+    when every rank is done); {} where the bundle has no readable timings (another producer's
+    trace, a damaged file: callers then do without)."""
+    try:
+        ranks = json.loads((Path(path) / TIMINGS).read_text()).get("ranks") or []
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out = {}
+    for m in ("ttft", "ttit"):
+        vals = [r.get(f"{m}_median_ms") for r in ranks if isinstance(r, dict)]
+        vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if vals:
+            out[m] = float(max(vals))
+    return out
+
+
 def telemetry_path(path: Path, manifest: dict | None) -> Path | None:
     """The bundle's telemetry file (a sub-bundle's points at the shared one), if it exists."""
     if not manifest or not manifest.get("telemetry"):

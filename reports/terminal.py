@@ -93,6 +93,10 @@ def render_trace_whatif(doc: dict, console: Console) -> None:
                   f"{m.upper()} {p['measured_ms']:.3f} ms" if m else "–",
                   f"{p['predicted_ms']:.3f} ms" if m else "–", f"{p['covered']}/{p['calls']}")
     console.print(t)
+    for ph, p in doc["phases"].items():
+        if p.get("unprofiled_rule"):
+            console.print(f"{ph} un-profiled: {escape(p['unprofiled_rule'])}"
+                          + (f" ({p['unprofiled_ratio']:.2f})" if p.get("unprofiled_ratio") else ""), highlight=False)
     for n in doc.get("notes") or []:
         console.print(f"note: {escape(n)}", highlight=False)
 

@@ -70,11 +70,36 @@ def test_plan_from_a_trace_predicts_each_phase(both, tmp_path):
     for ph, p in doc["phases"].items():
         assert p["predicted_us_per_window"] == pytest.approx(p["trace_us_per_window"] - p["saved_us_per_window"])
         assert 0 < p["predicted_us_per_window"] < p["trace_us_per_window"]
+        # un-profiled: the predicted trace time x DDA's own un-profiled/profiled ratio, which the
+        # calibration's DDA run measured: its timings.json median over its mean step span (raw events)
+        k = _unprofiled_ms(both / "dda", p["metric"]) * 1e3 / _window_us(both / "dda", ph)
+        assert p["unprofiled_ratio"] == pytest.approx(k, rel=0.02)
+        assert p["predicted_ms"] == pytest.approx(p["predicted_us_per_window"] * k / 1e3, rel=0.02)
+    assert doc["phases"]["decode"]["metric"] == "ttit" and doc["phases"]["prefill"]["metric"] == "ttft"
+    one = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "allreduce=dda", "--calibration", str(both),
+                  "--json")
+    assert one.returncode == 0, one.stderr
+    for p in json.loads(one.stdout)["phases"].values():  # one op switched: no run of it, the trace's fraction
+        assert "unprofiled_ratio" not in p
         assert p["predicted_ms"] == pytest.approx(p["measured_ms"] * p["predicted_us_per_window"]
                                                   / p["trace_us_per_window"])
-    assert doc["phases"]["decode"]["metric"] == "ttit" and doc["phases"]["prefill"]["metric"] == "ttft"
-    one = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "allreduce=dda", "--calibration", str(both))
-    assert one.returncode == 0 and "predicted" in one.stdout
+    text = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "backend=dda", "--calibration", str(both))
+    assert text.returncode == 0 and "decode un-profiled: predicted trace time x dda's" in text.stdout
+
+
+def _unprofiled_ms(bundle, metric: str) -> float:
+    """The slowest rank's un-profiled median, read from timings.json by this script."""
+    return max(r[f"{metric}_median_ms"] for r in json.loads((bundle / "timings.json").read_text())["ranks"])
+
+
+def _window_us(bundle, phase: str) -> float:
+    """The mean span of the phase's windows (`commprobe/decode[...]`, `commprobe/prefill`),
+    averaged over the ranks, from the raw events."""
+    per_rank = []
+    for f in sorted(bundle.glob("rank*.trace.json*")):
+        d = [e["dur"] for e in raw(f) if e.get("ph") == "X" and e["name"].split("[")[0] == f"commprobe/{phase}"]
+        per_rank.append(sum(d) / len(d))
+    return sum(per_rank) / len(per_rank)
 
 
 @pytest.mark.parametrize("args, words", [

@@ -140,15 +140,34 @@ def outside_calls(ranks: list[dict]) -> dict[str, float]:
     return {ph: float(np.mean(v)) for ph, v in out.items()}
 
 
-def median_outside(rows: list[dict]) -> dict[str, dict[str, float]]:
-    """Per backend and phase, the median over the calibration's runs of their time outside the calls
-    (each run's rows carry its own and its path): one run's figure moves with the machine's spells (a
-    TP=2 DDA calibration run read 1,131 µs per step against 810-1,363 in three later runs), several
-    steady it."""
+def window_times(ranks: list[dict]) -> dict[str, float]:
+    """Per phase, the trace's time per window (µs), averaged over ranks."""
+    out: dict[str, list] = {}
+    for rk in ranks:
+        for ph, p in rk["phases"].items():
+            if p["windows"]:
+                out.setdefault(ph, []).append(p["e2e_us"] / p["windows"])
+    return {ph: float(np.mean(v)) for ph, v in out.items()}
+
+
+def unprofiled_ratio(ranks: list[dict], unprofiled_ms: dict[str, float]) -> dict[str, float]:
+    """Per phase, the run's un-profiled median (TTFT, TTIT: the ranks' own clocks, no profiler) per
+    µs of its trace's window: what the profiler adds, measured. It is the backend's: DDA's call is
+    many small recorded ops (trace 0.9-1.0 ms per TP=2 decode step against 0.50-0.55 ms un-profiled,
+    0.53-0.57), gloo's few long ones (0.62-0.97)."""
+    return {ph: unprofiled_ms[PHASE_METRIC[ph]] * 1e3 / w for ph, w in window_times(ranks).items()
+            if PHASE_METRIC.get(ph) in unprofiled_ms and w > 0}
+
+
+def median_per_run(rows: list[dict], key: str) -> dict[str, dict[str, float]]:
+    """Per backend and phase, the median over the calibration's runs of a per-phase figure each
+    run's rows carry (`key`, with the run's path): one run's figure moves with the machine's spells
+    (a TP=2 DDA calibration run read 1,131 µs per step outside its calls against 810-1,363 in three
+    later runs), several steady it."""
     runs: dict[str, dict[str, dict]] = {}
     for r in rows:
-        if r.get("outside_us_per_window"):
-            runs.setdefault(r["backend"], {})[r["run"]] = r["outside_us_per_window"]
+        if r.get(key):
+            runs.setdefault(r["backend"], {})[r["run"]] = r[key]
     out: dict[str, dict[str, float]] = {}
     for b, per in runs.items():
         phases = {ph for o in per.values() for ph in o}
@@ -157,19 +176,19 @@ def median_outside(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dict, raw_offset: dict,
-            source: str, outside: dict | None = None, unmatched: tuple[int, int] = (0, 0)) -> dict:
+            source: str, outside: dict | None = None, unmatched: tuple[int, int] = (0, 0),
+            unprofiled: dict | None = None) -> dict:
     """The result's `headroom`: per phase, each backend's saving and the best one; the rule, the
     conditions the calibration was measured under, and how many calls (of all) no other rank's
     trace matched: their whole duration is their cost, waiting included (one rank's trace cannot
     tell waiting from transfer), so what they would save is an upper bound."""
     phases = {}
+    windows = window_times(ranks)
     names = sorted({ph for rk in ranks for ph, p in rk["phases"].items() if p.get("switch_calls")})
     for ph in names:
         per = {b: saved(ranks, ph, b) for b in backends}
         best = max(backends, key=lambda b: per[b]["saved_us_per_window"]) if backends else None
-        e2e = [rk["phases"][ph]["e2e_us"] / rk["phases"][ph]["windows"] for rk in ranks
-               if ph in rk["phases"] and rk["phases"][ph]["windows"]]
-        e2e_mean = float(np.mean(e2e)) if e2e else 0.0
+        e2e_mean = windows.get(ph, 0.0)
         head = max(0.0, per[best]["saved_us_per_window"]) if best else 0.0
         phases[ph] = {"e2e_us_per_window": e2e_mean, "backends": per, "best": best, "headroom_us_per_window": head,
                       "headroom_share": head / e2e_mean if e2e_mean > 0 else 0.0}
@@ -184,12 +203,14 @@ def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dic
                      "traces), so their saving is an upper bound")
     return {"calibration": source, "backends": backends, "own_backend": own, "conditions_offset_us": offset,
             "outside_calls_us_per_window": outside or {}, "trace_outside_calls_us_per_window": outside_calls(ranks),
+            "unprofiled_per_trace_us": unprofiled or {},
             "measured_difference_us": raw_offset, "rule": RULE, "unmatched_calls": lone, "calls": total,
             "notes": notes, "phases": phases}
 
 
 CATEGORY_WORDS = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention", "ep_all_to_all": "EP all-to-all",
                   "dp_allreduce": "DP allreduce"}
+PHASE_METRIC = {"prefill": "ttft", "decode": "ttit"}
 PHASE_WORDS = {"decode": ("token", "TTIT"), "prefill": ("prefill", "TTFT")}
 
 
@@ -250,4 +271,4 @@ def collectives(calls: dict, costs: dict, tgt: dict, offset: dict) -> list[dict]
     return rows
 
 
-__all__ = ["targets", "conditions", "accumulate", "saved", "summary", "collectives", "advice", "RULE"]
+__all__ = ["targets", "conditions", "accumulate", "saved", "summary", "collectives", "advice", "RULE", "PHASE_METRIC"]
