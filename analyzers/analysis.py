@@ -16,8 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from commprobe.common.bundle import (FLIGHT_RECORDER, read_manifest, single_manifest, sub_bundles, telemetry_path,
-                                     unprofiled_medians)
+from commprobe.common.bundle import (
+    FLIGHT_RECORDER,
+    read_manifest,
+    single_manifest,
+    sub_bundles,
+    telemetry_path,
+    unprofiled_medians,
+)
 from commprobe.common.errors import InputError
 from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
