@@ -6,12 +6,21 @@ cost model is calibrated on the bundle itself (its un-profiled TTFT/TTIT give th
 rates, plan/calibrate.py) and a sweep of the machine's collectives (its links); the bundle's own
 layout and the asked one are both predicted, and the measured times scale by their ratio, so what
 the model gets wrong about this machine in absolute terms cancels.
+
+What one layout cannot tell: how its compute splits into work that shards (matmuls over TP) and
+per-rank overhead that does not (the interpreter, launches). Measured at one layout the split is
+the fit's prior; further bundles of this machine in --calibration (another layout: a TP=1 run)
+measure it, and the result says which it was. The tiny model is all overhead (544 ops per decode
+step at TP=1 and TP=2 alike, a 64-wide matmul costs its dispatch): one layout's prior halves part
+of it and predicts TP=1 too fast.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, replace
 from pathlib import Path
+
+from commprobe.common.bundle import read_manifest, sub_bundles
 
 from .calibrate import calibrate, options_of, workload_of
 from .costmodel import predict
@@ -42,12 +51,18 @@ def predict_layout(path: str | Path, spec: str, calibration: str) -> dict:
     if not (p.is_dir() and (p / "manifest.json").is_file()):
         raise PlanError(f"--what-if {spec} from {path}: a layout change needs the model's shapes, which only a "
                         "commprobe bundle records (another engine's trace cannot tell them)")
-    sweeps = [c for c in str(calibration).split(",") if c and Path(c).suffix == ".json"]
+    parts = [c for c in str(calibration).split(",") if c]
+    sweeps = [c for c in parts if Path(c).suffix == ".json"]
+    others = [b for c in parts if Path(c).is_dir() for b in _bundles(Path(c)) if b.resolve() != p.resolve()]
     if not sweeps:
         raise PlanError(f"--what-if {spec}: the links need a sweep in --calibration (commprobe bench collectives "
                         "--json > FILE)")
-    hw, runs = calibrate([*sweeps, str(p)], name="from-trace")
+    hw, runs = calibrate([*sweeps, str(p), *map(str, others)], name="from-trace")
     run = runs[0]
+    layouts = sorted({(r["layout"].tp, r["layout"].cp, r["layout"].ep) for r in runs})
+    notes = [] if len(layouts) > 1 else [
+        "one layout measured: how its compute splits into work that shards and per-rank overhead (the interpreter, "
+        "launches) is the fit's prior, not measured; a bundle of another layout in --calibration measures it"]
     w, opt, lay = workload_of(run), options_of(run), run["layout"]
     alt_lay = replace(lay, **{key: n})
     base, alt = predict(w, lay, hw, opt), predict(w, alt_lay, hw, opt)
@@ -59,7 +74,19 @@ def predict_layout(path: str | Path, spec: str, calibration: str) -> dict:
                       "predicted_ms": measured * a / b if b > 0 else None}
     return {"switch": {"what": key, "value": n}, "from": str(p), "layout": asdict(lay), "to": asdict(alt_lay),
             "calibration": calibration, "rule": "measured x (model at the asked layout / model at the bundle's "
-            "layout), the model calibrated on the bundle and the sweep", "phases": phases}
+            "layout), the model calibrated on the bundle, the sweep and any bundle in --calibration",
+            "calibration_layouts": [{"tp": t, "cp": c, "ep": e} for t, c, e in layouts], "notes": notes,
+            "phases": phases}
+
+
+def _bundles(path: Path) -> list[Path]:
+    """A bundle directory's one-backend bundles (each sub-bundle of a multi-backend run); [] for
+    anything else."""
+    m = read_manifest(path)
+    if m is None:
+        return []
+    subs = sub_bundles(m)
+    return [path / d for d in subs.values()] if subs else [path]
 
 
 __all__ = ["parse", "predict_layout", "KEYS"]

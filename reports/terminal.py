@@ -113,6 +113,8 @@ def render_layout_whatif(doc: dict, console: Console) -> None:
         t.add_row(f"{ph} ({p['metric'].upper()})", f"{p['measured_ms']:.3f} ms", f"{p['model_base_ms']:.3f} ms",
                   f"{p['model_alt_ms']:.3f} ms", "–" if p["predicted_ms"] is None else f"{p['predicted_ms']:.3f} ms")
     console.print(t)
+    for n in doc.get("notes") or []:
+        console.print(f"note: {escape(n)}", highlight=False)
 
 
 def render_analysis(result: dict, console: Console, wide: bool = False) -> None:

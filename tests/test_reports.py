@@ -133,7 +133,7 @@ def test_a_two_backend_bundle_page_compares_them_in_a_browser(tmp_path, ab_bundl
     dom = _chromium_draws(browser, page, tmp_path, charts=6)
     verdicts = dom[dom.index('id="comparison-verdicts"'):]
     verdicts = verdicts[:verdicts.index("</table>")]
-    assert "<th>gloo</th>" in verdicts and "<th>dda</th>" in verdicts and verdicts.count("-bound") >= 4
+    assert "<th>gloo</th>" in verdicts and "<th>dda</th>" in verdicts
     a = json.loads(run_cli("analyze", str(ab_bundle / "gloo"), "--json").stdout)
     b = json.loads(run_cli("analyze", str(ab_bundle / "dda"), "--json").stdout)
     cmp = json.loads(run_cli("compare", str(ab_bundle / "gloo"), str(ab_bundle / "dda"), "--json").stdout)
@@ -141,7 +141,13 @@ def test_a_two_backend_bundle_page_compares_them_in_a_browser(tmp_path, ab_bundl
     ba = ba[:ba.index("</table>")]
     ratio = cmp["phases"]["decode"]["ratio"]
     assert f"{ratio:.2f}×" in ba  # the ratio compare computed, rendered, not recomputed
-    assert a["phases"]["decode"]["verdict"] in verdicts and b["phases"]["decode"]["verdict"] in verdicts
+    # each phase's row holds both analyses' verdicts, in the backends' order (whatever this
+    # machine's run gave them: a DDA prefill half idle reads "unknown", seen once in six CI runs)
+    for ph in ("prefill", "decode"):
+        row = verdicts[verdicts.index(f"<th>{ph}</th>"):]
+        row = row[:row.index("</tr>")]
+        cells = [c.split("</b>")[0] for c in row.split("<b>")[1:]]
+        assert cells == [a["phases"][ph]["verdict"], b["phases"][ph]["verdict"]], (ph, cells)
     assert "compared: gloo (" in dom and "dda (" in dom  # the header names both, not only gloo
     _screenshot_is_drawn(browser, page, tmp_path)
     # two runs side by side: `report A B`

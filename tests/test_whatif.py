@@ -166,6 +166,8 @@ def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
     for p in doc["phases"].values():
         assert p["predicted_ms"] == pytest.approx(p["measured_ms"] * p["model_alt_ms"] / p["model_base_ms"])
         assert p["predicted_ms"] > 0
+    # both of `both`'s bundles ran TP=2: the split of compute into sharded work and overhead is the prior's
+    assert doc["calibration_layouts"] == [{"tp": 2, "cp": 1, "ep": 1}] and "one layout measured" in doc["notes"][0]
     traces = tmp_path / "traces"
     traces.mkdir()
     for f in (both / "dda").glob("rank*.json.gz"):
@@ -176,6 +178,26 @@ def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
         bad = run_cli("plan", *args, "--calibration", str(sweep))
         assert bad.returncode != 0 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_a_second_layout_in_the_calibration_measures_the_split(both, sweep, tmp_path):
+    """With a TP=1 run of the same model in --calibration, the fit sees two layouts (no prior note),
+    and the prediction for TP=1 lands near that run's own measured TTIT: the model then reproduces
+    both runs (4 measurements, 4 unknowns), so what is left is the runs' noise and the modelled
+    communication."""
+    one = tmp_path / "tp1"
+    r = run_cli("profile", "--preset", "tiny", "--tp", "1", "--prompt-len", "16", "--steps", "8", "--repeats", "2",
+                "--backend", "gloo", "--out", str(one))
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli("plan", "--from", str(both / "dda"), "--what-if", "tp=1", "--calibration", f"{sweep},{one}", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["calibration_layouts"] == [{"tp": 1, "cp": 1, "ep": 1}, {"tp": 2, "cp": 1, "ep": 1}]
+    assert doc["notes"] == []
+    measured = max(x["ttit_median_ms"] for x in json.loads((one / "timings.json").read_text())["ranks"])
+    predicted = doc["phases"]["decode"]["predicted_ms"]
+    print(f"tp=1 TTIT predicted {predicted:.3f} ms, the TP=1 run measured {measured:.3f} ms")
+    assert 0.6 * measured < predicted < 1.6 * measured
 
 
 def test_one_ranks_trace_says_its_headroom_is_an_upper_bound(both, tmp_path):
