@@ -18,6 +18,7 @@ import numpy as np
 
 from commprobe.common.bundle import (
     FLIGHT_RECORDER,
+    job_of,
     read_manifest,
     single_manifest,
     sub_bundles,
@@ -150,7 +151,8 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         total = sum(len(c) for c in calls.values())
         lone = total - matched["matched_calls"] * len(calls)  # one rank's trace: none matched
         room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
-                                outside, (lone, total), headroom.median_per_run(sweep, "unprofiled_ratio"))
+                                outside, (lone, total), headroom.median_per_run(
+                                    [r for r in sweep if r.get("job") == job_of(manifest)], "unprofiled_ratio"))
         room["collectives"] = headroom.collectives(calls, costs, tgt, offset)
         for ph, p in phases.items():
             line = headroom.advice(room, ph)
@@ -223,7 +225,8 @@ def calibration_rows(path) -> list[dict]:
     rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
              "time_us": b["median_us"], "p10_us": float(np.percentile(b["samples_us"], 10)) if b["samples_us"] else
              b["median_us"], "count": b["count"], **({"mean_us": b["mean_cost_us"]} if "mean_cost_us" in b else {}),
-             "outside_us_per_window": outside, "unprofiled_ratio": unprofiled, "run": str(p)}
+             "outside_us_per_window": outside, "unprofiled_ratio": unprofiled, "run": str(p),
+             "job": job_of(res.get("manifest"))}
             for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
     if not rows or not backend:
         raise cause.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and its "

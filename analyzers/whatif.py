@@ -88,14 +88,18 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
                 # is the target's own ratio of the two, which the calibration measured (the
                 # profiler adds per recorded op: DDA's ratio 0.53-0.57 per TP=2 decode step, gloo's
                 # 0.62-0.97); the trace's own ratio would carry the own backend's
-                row["unprofiled_rule"] = f"predicted trace time x {backend}'s un-profiled/profiled ratio measured by the calibration"
+                row["unprofiled_rule"] = (f"predicted trace time x {backend}'s un-profiled/profiled ratio, measured by the "
+                                         "calibration's runs of this job")
                 row["unprofiled_ratio"] = k
                 row["predicted_ms"] = (e2e - total) * k / 1e3
             else:
-                # no un-profiled run of the target (a sweep's calibration, one op switched): the same
+                # no un-profiled run of this job under the target (a sweep's calibration, a run of
+                # another model or layout: its profiler share is its own; one op switched): the same
                 # fraction saved as in the trace (the trace's µs cannot be subtracted from an
                 # un-profiled time: the profiler's per-call cost differs between the runs)
-                row["unprofiled_rule"] = "the measured un-profiled time less the fraction the trace saves"
+                row["unprofiled_rule"] = ("the measured un-profiled time less the fraction the trace saves (" + (
+                    "one op switched: no run measured that mix" if keys is not None else
+                    f"no un-profiled run of this job under {backend} in the calibration") + ")")
                 row["predicted_ms"] = unprof[metric] * (1 - total / e2e)
         phases[ph] = row
     if not phases:

@@ -8,7 +8,7 @@ calibration bundle and the other rounds (never the round predicted); predicted a
 measured are compared as medians over rounds, for the trace's own time per window (profiled) and
 the bundle's un-profiled TTFT/TTIT.
 
-    python bench/whatif_check.py [--rounds 3] [--layouts tp2,cp2,ep2] [--tp] [--repeats 3] [--profiled-repeats N] [--json OUT] [--keep DIR [--reuse]]
+    python bench/whatif_check.py [--rounds 7] [--layouts tp2,cp2,ep2] [--tp] [--repeats 10] [--profiled-repeats N] [--json OUT] [--keep DIR [--reuse]]
 
 With --tp, also `--what-if tp=1` from TP=2 DDA bundles against TP=1 runs alternated with them.
 """
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 REUSE = False  # --reuse: bundles already in --keep are re-scored, not run again
-REPEATS = 3  # --repeats: un-profiled repetitions per run (each gives one TTFT sample)
+REPEATS = 10  # --repeats: un-profiled repetitions per run (each gives one TTFT sample)
 PROFILED: int | None = None  # --profiled-repeats: profiled ones (None: the layout's)
 
 
@@ -152,13 +152,13 @@ def check_tp(rounds: int, work: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--layouts", default="tp2,cp2,ep2")
     ap.add_argument("--json", dest="json_out")
     ap.add_argument("--keep", help="Keep the bundles in this directory.")
     ap.add_argument("--tp", action="store_true", help="Also check --what-if tp=1 from TP=2 bundles.")
     ap.add_argument("--reuse", action="store_true", help="Re-score the bundles already in --keep (run the missing).")
-    ap.add_argument("--repeats", type=int, default=3, help="Un-profiled repetitions per run (TTFT samples).")
+    ap.add_argument("--repeats", type=int, default=10, help="Un-profiled repetitions per run (TTFT samples).")
     ap.add_argument("--profiled-repeats", type=int, help="Profiled repetitions per run (default: the layout's).")
     a = ap.parse_args()
     global REUSE, REPEATS, PROFILED

@@ -176,6 +176,16 @@ def run_context(manifest: dict) -> dict:
             "prompt_len": run.get("prompt_len"), "decode_steps": run.get("decode_steps")}
 
 
+def job_of(manifest: dict | None) -> dict | None:
+    """The job a bundle ran, whatever the backend: what must match for one run's per-window figures
+    (the profiler's share of a window, say) to stand for another's. None outside a bundle."""
+    if not manifest:
+        return None
+    ctx = run_context(manifest)
+    ctx.pop("backend", None)
+    return ctx
+
+
 def per_sample(rows: list[list[float]], how) -> list[float]:
     """Combine ranks sample by sample (ranks record the same repetitions and steps)."""
     n = min((len(r) for r in rows), default=0)

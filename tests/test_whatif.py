@@ -87,6 +87,25 @@ def test_plan_from_a_trace_predicts_each_phase(both, tmp_path):
     assert text.returncode == 0 and "decode un-profiled: predicted trace time x dda's" in text.stdout
 
 
+def test_another_jobs_run_does_not_lend_its_profiler_share(both, tmp_path):
+    """The profiler's share of a window is the job's (its op mix): a DDA run whose manifest says
+    another prompt length calibrates the calls, but not the un-profiled conversion, and the phase
+    says why it fell back to the trace's own fraction."""
+    import shutil
+
+    other = tmp_path / "other-job"
+    shutil.copytree(both / "dda", other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["run"]["prompt_len"] = 64
+    (other / "manifest.json").write_text(json.dumps(m))
+    r = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "backend=dda", "--calibration", str(other), "--json")
+    assert r.returncode == 0, r.stderr
+    for p in json.loads(r.stdout)["phases"].values():
+        assert "unprofiled_ratio" not in p and "no un-profiled run of this job under dda" in p["unprofiled_rule"]
+        assert p["predicted_ms"] == pytest.approx(p["measured_ms"] * p["predicted_us_per_window"]
+                                                  / p["trace_us_per_window"])
+
+
 def _unprofiled_ms(bundle, metric: str) -> float:
     """The slowest rank's un-profiled median, read from timings.json by this script."""
     return max(r[f"{metric}_median_ms"] for r in json.loads((bundle / "timings.json").read_text())["ranks"])
@@ -181,10 +200,11 @@ def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
 
 
 def test_a_second_layout_in_the_calibration_measures_the_split(both, sweep, tmp_path):
-    """With a TP=1 run of the same model in --calibration, the fit sees two layouts (no prior note),
-    and the prediction for TP=1 lands near that run's own measured TTIT: the model then reproduces
-    both runs (4 measurements, 4 unknowns), so what is left is the runs' noise and the modelled
-    communication."""
+    """With a TP=1 run of the same model in --calibration, the fit sees two layouts (no prior note)
+    and measures the split: the model at TP=1 lands near that run's TTIT (a TP=1 step is all compute
+    and overhead; the fit is a least-squares compromise between the two runs' decode steps: within
+    6 % in four runs here). How close the prediction lands on a later TP=1 run is the noise of two
+    runs, which bench/whatif_check.py --tp measures."""
     one = tmp_path / "tp1"
     r = run_cli("profile", "--preset", "tiny", "--tp", "1", "--prompt-len", "16", "--steps", "8", "--repeats", "2",
                 "--backend", "gloo", "--out", str(one))
@@ -194,10 +214,12 @@ def test_a_second_layout_in_the_calibration_measures_the_split(both, sweep, tmp_
     doc = json.loads(r.stdout)
     assert doc["calibration_layouts"] == [{"tp": 1, "cp": 1, "ep": 1}, {"tp": 2, "cp": 1, "ep": 1}]
     assert doc["notes"] == []
-    measured = max(x["ttit_median_ms"] for x in json.loads((one / "timings.json").read_text())["ranks"])
-    predicted = doc["phases"]["decode"]["predicted_ms"]
-    print(f"tp=1 TTIT predicted {predicted:.3f} ms, the TP=1 run measured {measured:.3f} ms")
-    assert 0.6 * measured < predicted < 1.6 * measured
+    samples = json.loads((one / "timings.json").read_text())["ranks"][0]["samples"]["ttit_s"]
+    measured = 1e3 * sorted(samples)[len(samples) // 2] if len(samples) % 2 else 1e3 * (
+        sorted(samples)[len(samples) // 2 - 1] + sorted(samples)[len(samples) // 2]) / 2
+    model = doc["phases"]["decode"]["model_alt_ms"]
+    print(f"model at TP=1 {model:.3f} ms, the TP=1 run measured {measured:.3f} ms")
+    assert model == pytest.approx(measured, rel=0.2)
 
 
 def test_one_ranks_trace_says_its_headroom_is_an_upper_bound(both, tmp_path):
