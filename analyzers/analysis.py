@@ -61,13 +61,15 @@ def analyze(path: str | Path, **kw) -> dict:
 
 def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
                        align: str = "base", jobs: int = 1, scheduler: str | None = None, rank_from: str | None = None,
-                       calibration: str | Path | None = None) -> tuple[dict, dict, dict]:
+                       calibration: str | Path | None = None) -> tuple[dict, dict, dict, dict]:
     """Map each rank's trace to a summary (cross_rank/rank_map.py; `jobs` > 1: in that many worker processes;
     `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
     where the map ran. `calibration`: the zero-skew baseline that tells a slow transport from its
     floor, a sweep of this machine's collectives or a healthy run of the same job (calibration_rows).
     Returns (result, per rank its collective calls on the run's clock, per rank their (wait,
-    transfer, last arriver) arrays): the calls are what a trace export draws beside the result."""
+    transfer, last arriver, ...) arrays, and with a calibration per rank each call's cost and each
+    backend's calibrated time, with the conditions offset per op): what a trace export draws beside
+    the result."""
     t0 = time.perf_counter()
     url = remote.is_url(path)  # an fsspec URL: traces only (a bundle is a local directory)
     path = path if url else Path(path)
@@ -181,7 +183,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
                          "names": [{"name": n, "count": c} for n, c in sorted(unknown.items(), key=lambda kv: -kv[1])[:50]]},
         "headroom": room,
         "elapsed_s": time.perf_counter() - t0,
-    }, calls, waits
+    }, calls, waits, {"costs": costs, "targets": tgt, "offset": offset, "own": own}
 
 
 def _paths(calibration) -> list:

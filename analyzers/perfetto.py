@@ -11,6 +11,9 @@ RPD, rocprofv3) on one clock, and per rank the tracks commprobe adds:
                                    for rank R" (args: the rank, the op, µs)
     commprobe: arrived last        the call of the rank everyone waited for; a flow arrow runs
                                    from it to each rank that waited
+    commprobe: switching to <B>    with --calibration, per matched call what backend B would save
+                                   (its transfer and carried waiting less B's calibrated time):
+                                   the call's last that many µs, args with the figures
 
 The clock is the analysis': µs since the earliest rank's base (`origin_ns`), less each rank's
 alignment offset (`--align collective-end`), all stated in the file's metadata (`commprobe`).
@@ -43,6 +46,7 @@ from .readers.sources import traces_in
 
 TRACK = 1 << 30  # thread ids of commprobe's tracks: far above any trace's own (tid_id + 1)
 PHASES, WAITING, ARRIVED = TRACK, TRACK + 1, TRACK + 2
+SWITCH = TRACK + 100  # + k for the calibration's k-th backend
 EXPOSED = {c: TRACK + 10 + i for i, c in enumerate((*COMM_CODES, MEMCPY))}
 
 
@@ -108,7 +112,7 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
     if not out.name.endswith((".json", ".json.gz")):
         raise PerfettoError(f"--perfetto {out}: the file name must end in .json or .json.gz")
     wanted = parse_ranks(ranks)
-    result, calls, waits = analyze_with_calls(path, rules_file=rules_file, align=align, rank_from=rank_from,
+    result, calls, waits, per_call = analyze_with_calls(path, rules_file=rules_file, align=align, rank_from=rank_from,
                                               threshold=threshold, calibration=calibration, jobs=jobs)
     if window is not None and window not in result["phases"]:
         raise PerfettoError(f"--window {window}: this trace's phases are {', '.join(result['phases']) or 'none'}")
@@ -139,6 +143,8 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
         for r in sorted(written):  # the waits: matched calls are on the run's clock already
             written[r]["waiting_slices"] = _waits(w, r, calls.get(r), waits.get(r), offsets, written, window,
                                                   result["ranks"])
+            written[r]["switch_slices"] = _savings(w, r, calls.get(r), waits.get(r), per_call, offsets, written,
+                                                   window)
     except BaseException:
         w.abandon()
         raise
@@ -270,6 +276,43 @@ def _waits(w: _Writer, r: int, calls, waits, offsets: dict, written: dict, windo
         w.add({"ph": "M", "name": "thread_name", "pid": who, "tid": ARRIVED,
                "args": {"name": "commprobe: arrived last"}})
     return total
+
+
+def _savings(w: _Writer, r: int, calls, waits, per_call: dict, offsets: dict, written: dict,
+             window: str | None) -> dict[str, float]:
+    """Rank r's matched calls, per calibrated backend other than the trace's own: what switching
+    would save on each (cross_rank/headroom.py, before the exposed share the phase totals apply),
+    drawn as the call's last µs that would go. Returns µs drawn per backend."""
+    tgt = (per_call.get("targets") or {}).get(r) or {}
+    cost = (per_call.get("costs") or {}).get(r)
+    if calls is None or waits is None or cost is None or not len(calls):
+        return {}
+    sel = np.ones(len(calls), bool)  # unmatched calls too, whole (an upper bound: args say so)
+    if window:
+        spans = written[r]["windows"].get(window, [])
+        start_al = calls.start - offsets.get(r, 0.0)
+        sel &= _overlaps(start_al, start_al + (calls.end - calls.start), sorted(spans))
+    ops = calls.op()
+    off = np.array([(per_call.get("offset") or {}).get(op, 0.0) for op in ops.tolist()]) if len(ops) else np.zeros(0)
+    out = {}
+    for k, (b, t) in enumerate(sorted(tgt.items())):
+        if b == per_call.get("own"):
+            continue
+        save = cost - t - off
+        m = sel & ~np.isnan(t) & (save > 0)
+        if not m.any():
+            continue
+        w.add({"ph": "M", "name": "thread_name", "pid": r, "tid": SWITCH + k,
+               "args": {"name": f"commprobe: switching to {b}"}})
+        for i in np.flatnonzero(m).tolist():
+            end = float(calls.end[i]) - offsets.get(r, 0.0)
+            us = float(save[i])
+            w.add({"ph": "X", "name": f"{b} saves", "cat": "commprobe", "ts": round(end - us, 3), "dur": round(us, 3),
+                   "pid": r, "tid": SWITCH + k,
+                   "args": {"saved_us": us, "cost_us": float(cost[i]), "calibrated_us": float(t[i] + off[i]),
+                            "op": str(ops[i]), "bytes": int(calls.bytes[i]), "matched": bool(~np.isnan(waits[1][i]))}})
+        out[b] = float(save[m].sum())
+    return out
 
 
 __all__ = ["export", "parse_ranks", "PerfettoError"]

@@ -106,6 +106,30 @@ def test_another_jobs_run_does_not_lend_its_profiler_share(both, tmp_path):
                                                   / p["trace_us_per_window"])
 
 
+def test_perfetto_draws_what_switching_saves_per_call(both, tmp_path):
+    """`analyze --calibration --perfetto`: a track per other backend, one slice per call that
+    switching would shorten, its last µs. Checked against the raw events: nearly every TP allreduce
+    of a gloo run gets one (DDA is faster at every size here), none longer than the longest call,
+    their sum under the calls' total, and each slice's figures add up."""
+    out = tmp_path / "gloo.json"
+    r = run_cli("analyze", str(both / "gloo"), "--calibration", str(both), "--perfetto", str(out))
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(out.read_text())["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert "commprobe: switching to dda" in names.values() and "commprobe: switching to gloo" not in names.values()
+    for rank, f in enumerate(sorted((both / "gloo").glob("rank*.trace.json*"))):
+        calls = [e["dur"] for e in raw(f) if e.get("ph") == "X" and e["name"].startswith("commprobe/comm/tp/all_reduce")]
+        saves = [e for e in ev if e.get("ph") == "X" and e["pid"] == rank
+                 and names.get((rank, e["tid"])) == "commprobe: switching to dda"]
+        assert 0.8 * len(calls) <= len(saves) <= len(calls), (len(saves), len(calls))
+        assert all(0 < e["dur"] <= max(calls) for e in saves)
+        assert sum(e["dur"] for e in saves) < sum(calls)
+        for e in saves:
+            a = e["args"]
+            assert a["op"] == "allreduce" and a["matched"] and a["calibrated_us"] < a["cost_us"]
+            assert a["saved_us"] == pytest.approx(a["cost_us"] - a["calibrated_us"], abs=1e-6)
+
+
 def _unprofiled_ms(bundle, metric: str) -> float:
     """The slowest rank's un-profiled median, read from timings.json by this script."""
     return max(r[f"{metric}_median_ms"] for r in json.loads((bundle / "timings.json").read_text())["ranks"])
