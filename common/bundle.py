@@ -145,7 +145,7 @@ def unprofiled_medians(path: Path) -> dict[str, float]:
     out = {}
     for m in ("ttft", "ttit"):
         vals = [r.get(f"{m}_median_ms") for r in ranks if isinstance(r, dict)]
-        vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")]
         if vals:
             out[m] = float(max(vals))
     return out

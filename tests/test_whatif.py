@@ -259,3 +259,20 @@ def test_one_ranks_trace_says_its_headroom_is_an_upper_bound(both, tmp_path):
     assert any("matched no other rank's" in n for n in h["notes"])
     advice = [x for x in r["phases"]["decode"]["recommendations"] if "slower than dda" in x or "to dda" in x]
     assert advice and all("at most" in x for x in advice)
+
+
+@pytest.mark.parametrize("text, want", [
+    ('{"ranks": [{"ttft_median_ms": 2.0, "ttit_median_ms": 1.0}, {"ttft_median_ms": 3.0, "ttit_median_ms": 0.5}]}',
+     {"ttft": 3.0, "ttit": 1.0}),  # the slowest rank's
+    ('{"ranks": [{"ttft_median_ms": NaN, "ttit_median_ms": -1}, {"ttft_median_ms": "2", "ttit_median_ms": true}]}', {}),
+    ('{"ranks": "none"}', {}), ("[1, 2]", {}), ("{", {}), (b"\xff\xfe", {}),
+])
+def test_unprofiled_medians_take_only_real_times(tmp_path, text, want):
+    """A bundle's timings.json as the what-if reads it: anything damaged gives nothing, never a
+    traceback or a NaN prediction."""
+    from commprobe.common.bundle import unprofiled_medians
+
+    f = tmp_path / "timings.json"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert unprofiled_medians(tmp_path) == want
+    assert unprofiled_medians(tmp_path / "missing") == {}
