@@ -199,6 +199,18 @@ def sweep(tmp_path_factory):
     return f
 
 
+def test_a_sweep_alone_says_what_it_leaves_out(both, sweep):
+    """A sweep times calls: what a backend costs outside them (gloo's threads on two cores) is not
+    in it, and the prediction says so; a run of both backends measures it, and the note goes."""
+    r = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "backend=dda", "--calibration", str(sweep), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert all(p["outside_calls_ratio"] is None for p in doc["phases"].values())
+    assert any("not what it costs outside them" in n and "--backend gloo,dda" in n for n in doc["notes"])
+    r = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "backend=dda", "--calibration", str(both), "--json")
+    assert not any("not what it costs outside them" in n for n in json.loads(r.stdout)["notes"])
+
+
 def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
     """tp=1 from the TP=2 bundle: the model calibrated on the bundle and the sweep, its ratio applied
     to the measured times; another engine's trace (no shapes) and an impossible TP are one line."""
