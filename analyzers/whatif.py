@@ -105,12 +105,22 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
     if not phases:
         raise TraceError(f"--what-if {spec}: no {what if keys else 'collective'} calls in the trace's phases")
     notes = list(h["notes"])
+    missing = sum(p["calls"] - p["covered"] for p in phases.values())
+    if missing:
+        # calls the calibration has no time for stay as they are: say which, so the figure is read as partial
+        where = sorted({f"{c['op']} in groups of {c['group_size']}" for c in h.get("collectives") or []
+                        if backend not in (c.get("calibrated_us") or {})})
+        notes.append(f"{missing} of {sum(p['calls'] for p in phases.values())} calls have no calibrated time under "
+                     f"{backend} at their op, group size and size and count as unchanged"
+                     + (f" ({', '.join(where)}" + ("; a one-rank trace records no group size" if any(
+                         w.endswith(" groups of 1") for w in where) else "") + ")" if where else ""))
     if keys is None and not any(p["outside_calls_ratio"] for p in phases.values()):
         # a sweep (or runs of one backend) measured the calls only: say what that leaves out
         notes.append(f"the calibration measured {backend}'s calls, not what it costs outside them (its threads "
-                     "competing with compute, its own events outside any call): a run of this job under both "
-                     f"backends (`profile --backend {h['own_backend'] or 'A'},{backend}`) measures that; here TP=2 "
-                     "gloo -> dda from a sweep alone read +63 % on TTIT, from such runs within 10 %")
+                     "competing with compute, its own events outside any call), so only the calls are predicted"
+                     + (f": a run of this job under both backends (`profile --backend {h['own_backend']},{backend}`) "
+                        "measures the rest (here TP=2 gloo -> dda from a sweep alone read +63 % on TTIT, from such "
+                        "runs within 10 %)" if h["own_backend"] else ""))
     return {"switch": {"what": what, "backend": backend}, "from": str(path), "own_backend": h["own_backend"],
             "calibration": h["calibration"], "rule": h["rule"], "notes": notes,
             "conditions_offset_us": h["conditions_offset_us"], "phases": phases}

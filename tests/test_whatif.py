@@ -211,6 +211,33 @@ def test_a_sweep_alone_says_what_it_leaves_out(both, sweep):
     assert not any("not what it costs outside them" in n for n in json.loads(r.stdout)["notes"])
 
 
+def test_real_gpu_traces_against_a_hardware_profile(real_traces, tmp_path):
+    """First contact with other producers' traces: the 8-rank DLRM set (NCCL) and one rank of HTA's
+    sampled trace, against the H100 profile's collective times. Every call of the DLRM set has a
+    calibrated time; the one rank's calls have none (no group size recorded, the profile has groups of
+    2-8) and the prediction says which and why instead of a silent zero; never a warning or a
+    traceback, and another engine's trace gets no advice to run `profile`."""
+    cal = tmp_path / "h100.json"
+    r = run_cli("plan", "collectives", "--hardware", "h100x8")
+    assert r.returncode == 0, r.stderr
+    cal.write_text(r.stdout)
+    r = run_cli("plan", "--from", str(real_traces / "facebookresearch-param"), "--what-if", "backend=nccl",
+                "--calibration", str(cal), "--json")
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["own_backend"] is None
+    for p in doc["phases"].values():
+        assert p["covered"] == p["calls"] > 0 and 0 <= p["saved_us_per_window"] < p["trace_us_per_window"]
+    assert any("so only the calls are predicted" in n and "profile" not in n for n in doc["notes"])
+    one = real_traces / "hta" / "trace_filter_sampled_rank-0.json.gz"
+    r = run_cli("plan", "--from", str(one), "--what-if", "backend=nccl", "--calibration", str(cal), "--json")
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    doc = json.loads(r.stdout)
+    assert all(p["covered"] == 0 and p["saved_us_per_window"] == 0 for p in doc["phases"].values())
+    assert any("have no calibrated time under nccl" in n and "a one-rank trace records no group size" in n
+               for n in doc["notes"]), doc["notes"]
+
+
 def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
     """tp=1 from the TP=2 bundle: the model calibrated on the bundle and the sweep, its ratio applied
     to the measured times; another engine's trace (no shapes) and an impossible TP are one line."""

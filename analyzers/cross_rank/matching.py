@@ -145,7 +145,8 @@ def cost(calls: Calls, waits: tuple) -> np.ndarray:
 
 def size_bucket(nbytes: np.ndarray) -> np.ndarray:
     """The power of two at or above each size (1 below a byte); 0 where the size is unknown."""
-    return np.where(nbytes > 0, np.left_shift(1, np.ceil(np.log2(np.maximum(nbytes, 1))).astype(np.int64)), 0)
+    known = np.nan_to_num(np.asarray(nbytes, float), nan=0.0, posinf=0.0, neginf=0.0)  # unknown: bucket 0
+    return np.where(known > 0, np.left_shift(1, np.ceil(np.log2(np.maximum(known, 1))).astype(np.int64)), 0)
 
 
 MAX_SAMPLES = 256  # per bucket, kept in the result for the regression gate's statistics
