@@ -187,7 +187,10 @@ def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dic
     names = sorted({ph for rk in ranks for ph, p in rk["phases"].items() if p.get("switch_calls")})
     for ph in names:
         per = {b: saved(ranks, ph, b) for b in backends}
-        best = max(backends, key=lambda b: per[b]["saved_us_per_window"]) if backends else None
+        # the best among the backends that have a calibrated time for any of the phase's calls (a
+        # backend that covers none saves 0 by not being measured, not by being no faster)
+        measured = [b for b in backends if per[b]["covered"]]
+        best = max(measured, key=lambda b: per[b]["saved_us_per_window"]) if measured else None
         e2e_mean = windows.get(ph, 0.0)
         head = max(0.0, per[best]["saved_us_per_window"]) if best else 0.0
         phases[ph] = {"e2e_us_per_window": e2e_mean, "backends": per, "best": best, "headroom_us_per_window": head,
