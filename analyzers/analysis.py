@@ -295,17 +295,18 @@ def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | 
                 cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 
 
-def analyze_backends(path: str | Path, jobs: int = 1) -> dict[str, dict] | None:
+def analyze_backends(path: str | Path, jobs: int = 1, calibration=None) -> dict[str, dict] | None:
     """A bundle with one sub-bundle per backend: {backend: analysis}, in the run's order; else None."""
     p = Path(path)
     subs = sub_bundles(read_manifest(p))
-    return {b: analyze(p / d, jobs=jobs) for b, d in subs.items()} or None
+    return {b: analyze(p / d, jobs=jobs, calibration=calibration) for b, d in subs.items()} or None
 
 
-def load_result(path: str | Path, jobs: int = 1) -> dict:
-    """An analysis JSON file, or anything `analyze` accepts."""
+def load_result(path: str | Path, jobs: int = 1, calibration=None) -> dict:
+    """An analysis JSON file, or anything `analyze` accepts (with `calibration`, as analyze takes it;
+    an analysis JSON is analyzed already and cannot take one)."""
     if remote.is_url(path):
-        return analyze(path, jobs=jobs)
+        return analyze(path, jobs=jobs, calibration=calibration)
     p = Path(path)
     try:
         is_json = p.suffix == ".json" and p.is_file()
@@ -319,8 +320,11 @@ def load_result(path: str | Path, jobs: int = 1) -> dict:
         if isinstance(doc, dict) and doc.get("schema", "").startswith("commprobe.analysis/"):
             if doc["schema"] != SCHEMA:
                 raise TraceError(f"{p}: analysis schema {doc['schema']} is not {SCHEMA}")
+            if calibration:
+                raise TraceError(f"{p}: an analysis JSON is analyzed already and cannot take --calibration: give the "
+                                 "run (bundle or traces), or analyze it with --calibration first")
             return doc
-    return analyze(p, jobs=jobs)
+    return analyze(p, jobs=jobs, calibration=calibration)
 
 
 def compare(a: dict, b: dict) -> dict:
@@ -354,31 +358,31 @@ def compare(a: dict, b: dict) -> dict:
             "phases": phases, "message_sizes": sizes}
 
 
-def report_inputs(path: str | Path, other: str | Path | None = None) -> dict:
+def report_inputs(path: str | Path, other: str | Path | None = None, calibration=None) -> dict:
     """What `commprobe report` renders, gathered in one place: the analysis (the first backend's of a
     multi-backend bundle), the analyses to compare (per backend, or the two runs `path` and `other`)
     with analysis.compare of each against the first, and the hang diagnosis where the bundle holds
     Flight Recorder records. A bundle that hung before writing any trace has only the latter
-    (`result` None)."""
+    (`result` None). `calibration`: each analysis gets the headroom against it (analyze's)."""
     from .hang import analyze_hang
 
     hang = None
     if not remote.is_url(path) and (Path(path) / FLIGHT_RECORDER).is_dir():
         hang = analyze_hang(path)
     if other is not None:
-        a, b = load_result(path), load_result(other)
+        a, b = load_result(path, calibration=calibration), load_result(other, calibration=calibration)
         la, lb = Path(str(path)).name or "A", Path(str(other)).name or "B"
         if la == lb:
             la, lb = f"A: {la}", f"B: {lb}"
         by_label = {la: a, lb: b}
     else:
         try:
-            by_label = analyze_backends(path) or {}
+            by_label = analyze_backends(path, calibration=calibration) or {}
         except InputError:
             by_label = {}
         if not by_label:
             try:
-                by_label = {"": load_result(path)}
+                by_label = {"": load_result(path, calibration=calibration)}
             except InputError:
                 if hang is None:
                     raise

@@ -190,6 +190,8 @@ def report(
     output: str = typer.Option("report.html", "-o", "--output", help="Where to write the HTML report."),
     json_out: bool = typer.Option(False, "--json", help="Print the analysis result as JSON instead of the summary."),
     plan_file: str | None = typer.Option(None, "--plan", help="A `commprobe plan --json` result: adds the what-if panel."),
+    calibration: str | None = typer.Option(None, help="As `analyze --calibration`: adds what switching to each "
+                                           "calibrated backend would save."),
 ) -> None:
     """One self-contained HTML report (plotly.js embedded) of an analysis, plus the terminal summary;
     two backends or two runs get a comparison page."""
@@ -204,7 +206,7 @@ def report(
         from commprobe.plan.request import load_plan_doc
 
         plan = load_plan_doc(plan_file)
-    got = report_inputs(path, other)
+    got = report_inputs(path, other, calibration)
     result = got["result"]
     page = (render_html(result, got["by_label"], plan, got["comparisons"], got["hang"]) if result is not None
             else render_hang_page(got["hang"]))

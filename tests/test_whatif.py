@@ -238,6 +238,19 @@ def test_real_gpu_traces_against_a_hardware_profile(real_traces, tmp_path):
                for n in doc["notes"]), doc["notes"]
 
 
+def test_report_takes_the_calibration_too(both, tmp_path):
+    """`report RUN --calibration CAL` puts what switching would save on the page, for each backend of
+    a multi-backend bundle; an analysis JSON (analyzed already) with --calibration is one line."""
+    page = tmp_path / "page.html"
+    r = run_cli("report", str(both), "--calibration", str(both), "-o", str(page))
+    assert r.returncode == 0, r.stderr
+    assert "What switching would save" in page.read_text()
+    js = tmp_path / "a.json"
+    js.write_text(run_cli("analyze", str(both / "gloo"), "--json").stdout)
+    r = run_cli("report", str(js), "--calibration", str(both), "-o", str(tmp_path / "x.html"))
+    assert r.returncode == 2 and "cannot take --calibration" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
     """tp=1 from the TP=2 bundle: the model calibrated on the bundle and the sweep, its ratio applied
     to the measured times; another engine's trace (no shapes) and an impossible TP are one line."""
