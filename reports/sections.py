@@ -56,7 +56,9 @@ def _split(p: dict) -> str:
     c = p.get("communication_cause")
     if not c or c["class"] == "inconclusive":
         return ""
-    return f" (transfer {_pct(c['transfer_share'])}, waiting {_pct(c['wait_share'])})"
+    carried = c.get("wait_carried_share")
+    more = f", {_pct(carried)} of it carried over by the transport" if carried and carried >= 0.05 else ""
+    return f" (transfer {_pct(c['transfer_share'])}, waiting {_pct(c['wait_share'])}{more})"
 
 
 def comparison_section(by_label: dict[str, dict], comparisons: dict[str, dict]) -> str:

@@ -4,6 +4,7 @@ Accuracy against a run of the switch is measured by bench/whatif_check.py (bench
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -155,6 +156,54 @@ def test_plan_from_errors_are_one_line(both, args, words):
     r = run_cli("plan", "--from", str(both / "gloo"), *[a.format(cal=both) for a in args])
     assert r.returncode != 0 and words in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _carried_share(bundle, phase: str) -> float:
+    """Truth from the raw events, by this script alone: of the waiting in the phase's TP allreduces
+    (each call's k-th span on both ranks; the later arriver's time is the transfer, the rest of the
+    other's is waiting, less what it stayed after the last arriver beyond its wait), the part the
+    last arriver's later exit from the previous call explains."""
+    calls, wins = [], []
+    for f in sorted(bundle.glob("rank*.trace.json*")):
+        doc = json.load(gzip.open(f)) if f.suffix == ".gz" else json.loads(f.read_text())
+        base = doc.get("baseTimeNanoseconds", 0) / 1e3
+        ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        calls.append(sorted((e["ts"] + base, e["ts"] + base + e["dur"]) for e in ev
+                            if e["name"].startswith("commprobe/comm/tp/all_reduce")))
+        wins.append([(e["ts"] + base, e["ts"] + base + e["dur"]) for e in ev
+                     if e["name"].split("[")[0] == f"commprobe/{phase}"])
+    assert len(calls) == 2 and len(calls[0]) == len(calls[1]) > 0
+    wait = carried = 0.0
+    for k in range(len(calls[0])):
+        last = 0 if calls[0][k][0] > calls[1][k][0] else 1  # the later arriver (the first of equal ones)
+        t = calls[last][k][1] - calls[last][k][0]
+        for r in (0, 1):
+            s, e = calls[r][k]
+            w = max(0.0, e - s - t)
+            if w <= 0 or not any(a <= s < b for a, b in wins[r]):
+                continue
+            late = min(max(e - calls[last][k][1], 0.0), w)
+            held = max(0.0, 2 * late - w)
+            wait += w
+            if k:
+                carried += min(max(calls[last][k - 1][1] - calls[r][k - 1][1], 0.0), w - held)
+    return carried / wait
+
+
+def test_the_split_says_how_much_waiting_the_transport_carried(both):
+    """`wait_carried_share` on both backends' decode equals the raw-event truth, and gloo's uneven
+    exits carry more of its waiting than DDA's; the words say it where it is 5 % or more."""
+    got = {}
+    for b in ("gloo", "dda"):
+        c = analyze(both / b)["phases"]["decode"]["communication_cause"]
+        got[b] = c["wait_carried_share"]
+        assert got[b] == pytest.approx(_carried_share(both / b, "decode"), abs=0.03), b
+    assert got["gloo"] > got["dda"]
+    from commprobe.analyzers.cross_rank.cause import describe
+
+    c = analyze(both / "gloo")["phases"]["decode"]["communication_cause"]
+    assert (f"{c['wait_carried_share']:.0%} of the waiting carried over" in describe(c)) == (
+        c["wait_carried_share"] >= 0.05 and c["wait_share"] > 0)
 
 
 def test_carried_waiting_is_the_last_arrivers_late_exit():
