@@ -84,15 +84,34 @@ def check(layout: str, rounds: int, work: Path) -> list[dict]:
                "measured_spread": (max(spread) / min(spread) - 1) if spread else None,
                # each round against the run beside it in the same launch (a spell of the machine
                # moves both): the median of the per-round errors
-               "paired_unprofiled_error": med(paired) if paired else None}
+               "paired_unprofiled_error": med(paired) if paired else None,
+               # the measured median's own uncertainty: the distribution-free interval between the
+               # 2nd lowest and 2nd highest of n rounds (87.5 % for n = 7, 94 % for 9): a
+               # prediction inside it cannot be told from right by these runs
+               "measured_interval_ms": _interval(spread)}
         row["trace_error"] = row["predicted_trace_us"] / row["measured_trace_us"] - 1
         row["unprofiled_error"] = (row["predicted_ms"] / row["measured_ms"] - 1) if row["measured_ms"] else None
         rows.append(row)
         print(f"{layout} {phase}: {src} → {dst}: trace {row['predicted_trace_us']:,.0f} predicted vs "
               f"{row['measured_trace_us']:,.0f} µs measured ({row['trace_error']:+.0%}); un-profiled "
               f"{row['predicted_ms']:.3f} vs {row['measured_ms']:.3f} ms ({row['unprofiled_error']:+.0%}, paired "
-              f"{row['paired_unprofiled_error']:+.0%}; {dst}'s own runs spread {row['measured_spread']:.0%})", flush=True)
+              f"{row['paired_unprofiled_error']:+.0%}; {dst}'s own runs spread {row['measured_spread']:.0%}"
+              + (f"; the measured median's {row['measured_interval_ms'][2]:.0%} interval "
+                 f"{row['measured_interval_ms'][0]:.3f}-{row['measured_interval_ms'][1]:.3f} ms, the prediction "
+                 f"{'inside' if row['measured_interval_ms'][0] <= row['predicted_ms'] <= row['measured_interval_ms'][1] else 'outside'}"
+                 if row["measured_interval_ms"] else "") + ")", flush=True)
     return rows
+
+
+def _interval(xs: list[float]) -> tuple[float, float, float] | None:
+    """(low, high, coverage) of the median of `xs` without assuming their distribution: the 2nd
+    lowest and 2nd highest values, which hold the true median with probability 1 - 2 P(Bin(n, 1/2)
+    <= 1); None under 5 values."""
+    n = len(xs)
+    if n < 5:
+        return None
+    v = sorted(xs)
+    return v[1], v[-2], 1 - 2 * (1 + n) / 2 ** n
 
 
 def check_tp(rounds: int, work: Path) -> dict:
