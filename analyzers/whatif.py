@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from commprobe.common.bundle import unprofiled_medians
+from commprobe.common.vocab import PROFILE_BACKENDS
 
 from .cross_rank import headroom
 from .cross_rank.headroom import PHASE_METRIC
@@ -120,7 +121,7 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
                      "competing with compute, its own events outside any call), so only the calls are predicted"
                      + (f": a run of this job under both backends (`profile --backend {h['own_backend']},{backend}`) "
                         "measures the rest (here TP=2 gloo -> dda from a sweep alone read +63 % on TTIT, from such "
-                        "runs within 10 %)" if h["own_backend"] else ""))
+                        "runs within 10 %)" if h["own_backend"] and backend in PROFILE_BACKENDS else ""))
     return {"switch": {"what": what, "backend": backend}, "from": str(path), "own_backend": h["own_backend"],
             "calibration": h["calibration"], "rule": h["rule"], "notes": notes,
             "conditions_offset_us": h["conditions_offset_us"], "phases": phases}

@@ -9,9 +9,11 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from commprobe.common.vocab import PROFILE_BACKENDS
+
 from .comm import Comm, TorchComm
 
-BACKENDS = ("auto", "gloo", "nccl", "rccl", "dda")
+BACKENDS = PROFILE_BACKENDS
 
 
 def _gpu() -> bool:

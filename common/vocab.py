@@ -145,3 +145,7 @@ def category_for(op: str | None, axis: str | None) -> int:
     if axis == "ep" and op in ("all_to_all", "all_gather"):
         return int(Category.EP_ALL_TO_ALL)
     return int(Category.OTHER_COMM)
+
+# The backends `commprobe profile` runs (collectives/backends.py resolves them): what a what-if may
+# tell a user to profile; a sweep measures more (`bench collectives`: deepspeed too).
+PROFILE_BACKENDS = ("auto", "gloo", "nccl", "rccl", "dda")

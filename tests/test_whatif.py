@@ -300,6 +300,30 @@ def test_report_takes_the_calibration_too(both, tmp_path):
     assert r.returncode == 2 and "cannot take --calibration" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_deepspeeds_shm_allreduce_as_a_target(both, tmp_path):
+    """The issue's third CPU backend: DeepSpeed's shared-memory allreduce, measured by a sweep, is a
+    target like the others (every call calibrated, a saving against gloo's calls); `profile` cannot
+    run it, so the note on what a sweep leaves out does not tell the user to."""
+    from tests.test_producers import _deepspeed_missing
+
+    why = _deepspeed_missing()
+    if why:
+        pytest.skip(why)
+    sw = tmp_path / "ds.json"
+    r = run_cli("bench", "collectives", "--backend", "deepspeed,gloo", "--min", "256", "--max", "16K", "--batches", "3",
+                "--json")
+    assert r.returncode == 0, r.stderr[-1000:]
+    sw.write_text(r.stdout)
+    h = analyze(both / "gloo", calibration=str(sw))["headroom"]
+    assert "deepspeed" in h["backends"]
+    dec = h["phases"]["decode"]["backends"]["deepspeed"]
+    assert dec["covered"] == dec["calls"] > 0 and dec["saved_us_per_window"] > 0
+    r = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "backend=deepspeed", "--calibration", str(sw), "--json")
+    assert r.returncode == 0, r.stderr
+    notes = json.loads(r.stdout)["notes"]
+    assert any("so only the calls are predicted" in n for n in notes) and not any("profile --backend" in n for n in notes)
+
+
 def test_plan_from_a_bundle_predicts_another_tp(both, sweep, tmp_path):
     """tp=1 from the TP=2 bundle: the model calibrated on the bundle and the sweep, its ratio applied
     to the measured times; another engine's trace (no shapes) and an impossible TP are one line."""
