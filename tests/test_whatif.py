@@ -75,7 +75,12 @@ def test_plan_from_a_trace_predicts_each_phase(both, tmp_path):
     assert doc["switch"] == {"what": "backend", "backend": "dda"} and doc["own_backend"] == "gloo"
     for ph, p in doc["phases"].items():
         assert p["predicted_us_per_window"] == pytest.approx(p["trace_us_per_window"] - p["saved_us_per_window"])
-        assert 0 < p["predicted_us_per_window"] < p["trace_us_per_window"]
+        # the calls alone always save (DDA is faster at every size here); the rest of the window scales
+        # by what one calibration run per backend measured, which a spell of the machine can turn
+        # (in one run of ten a phase read 8,222 µs predicted against 7,121 traced; eight more runs:
+        # 850-2,149 against 3,548-16,765): how close it lands is bench/whatif_check.py's to measure
+        assert p["saved_us_per_window"] - p["outside_calls_saved_us_per_window"] > 0
+        assert p["predicted_us_per_window"] > 0
         # un-profiled: the predicted trace time x DDA's own un-profiled/profiled ratio, which the
         # calibration's DDA run measured: its timings.json median over its mean step span (raw events)
         k = _unprofiled_ms(both / "dda", p["metric"]) * 1e3 / _window_us(both / "dda", ph)
@@ -196,14 +201,15 @@ def _carried_share(bundle, phase: str) -> float:
 
 
 def test_the_split_says_how_much_waiting_the_transport_carried(both):
-    """`wait_carried_share` on both backends' decode equals the raw-event truth, and gloo's uneven
-    exits carry more of its waiting than DDA's; the words say it where it is 5 % or more."""
+    """`wait_carried_share` on both backends' decode equals the raw-event truth; the words say it
+    where it is 5 % or more. (Which backend carries more is the machine's to say: gloo 38-61 %, DDA
+    2-20 % in most runs here, but once DDA 52 % against gloo's 49 %.)"""
     got = {}
     for b in ("gloo", "dda"):
         c = analyze(both / b)["phases"]["decode"]["communication_cause"]
         got[b] = c["wait_carried_share"]
-        assert got[b] == pytest.approx(_carried_share(both / b, "decode"), abs=0.03), b
-    assert got["gloo"] > got["dda"]
+        truth = _carried_share(both / b, "decode")
+        assert got[b] == pytest.approx(truth, abs=0.03), (b, got[b], truth, c)
     from commprobe.analyzers.cross_rank.cause import describe
 
     c = analyze(both / "gloo")["phases"]["decode"]["communication_cause"]

@@ -298,7 +298,7 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
            "wait_caused_us_per_window": caused_us, "wait_cv": cv, "culprit": culprit,
            "transfer_floor_vs_baseline": floor_ratio,
            # of the waiting, what the last arriver's later exit from the previous collective explains:
-           # made by the transport (gloo's uneven exits: 51-77 % of its waiting, DDA's 3-8 %), not by a slow rank;
+           # made by the transport (gloo's uneven exits: 38-77 % of its waiting, DDA's mostly 2-20 %), not by a slow rank;
            # shown, not yet part of the class
            "wait_carried_share": min(1.0, carried / wait_sum) if wait_sum > 0 else None}
     causes = []
