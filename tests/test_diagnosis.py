@@ -164,11 +164,14 @@ def test_known_causes_are_named_with_their_culprit_and_size(suite):
     # the size: 300 µs inside each of 4 allreduces a decode step, found as transfer over the healthy run
     # (within 15 %: measured +0.6 to +3.4 % in 4 runs, +14 % once in 8 under this machine's bursts: two
     # runs' transfer noise, the healthy one's included); 2000 µs of stall before each of 2 layers, found as
-    # rank 0's waiting for rank 1 (within 20 %: a stalled rank resumes slower, so the others wait a little
-    # longer than the stall, measured -4 to +15 %)
+    # rank 0's waiting for rank 1: a stall is a sleep, which only overshoots (timer slack, the wake-up on
+    # two busy cores), so the others wait longer than the stall, not shorter: -15 % to +35 % (measured -4
+    # to +15 % in most runs, +27 % once in a quiet fresh-clone CI, +56 % once with other work beside it)
     for t in suite["time_found"]:
-        tol = 0.15 if t["spec"].startswith("slow-link") else 0.2
-        assert t["found_us"] == pytest.approx(t["injected_us"], rel=tol), t
+        if t["spec"].startswith("slow-link"):
+            assert t["found_us"] == pytest.approx(t["injected_us"], rel=0.15), t
+        else:
+            assert 0.85 * t["injected_us"] <= t["found_us"] <= 1.35 * t["injected_us"], t
 
 
 def test_the_fault_travels_with_the_bundle_and_the_invariants_hold(suite):
