@@ -150,11 +150,12 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     room = None
     if sweep:
         outside = headroom.median_per_run(sweep, "outside_us_per_window")
+        job = job_of(manifest)  # only runs of this job lend their profiler share (whatif.py)
         total = sum(len(c) for c in calls.values())
         lone = total - matched["matched_calls"] * len(calls)  # one rank's trace: none matched
         room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
                                 outside, (lone, total), headroom.median_per_run(
-                                    [r for r in sweep if r.get("job") == job_of(manifest)], "unprofiled_ratio"))
+                                    [r for r in sweep if r.get("job") == job], "unprofiled_ratio"))
         room["collectives"] = headroom.collectives(calls, costs, tgt, offset)
         for ph, p in phases.items():
             line = headroom.advice(room, ph)

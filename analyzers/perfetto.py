@@ -35,6 +35,7 @@ from commprobe.common.errors import InputError
 from commprobe.common.vocab import CATEGORY_LABEL
 
 from .analysis import SCHEMA, analyze_with_calls
+from .cross_rank.headroom import call_savings
 from .per_rank import intervals as iv
 from .per_rank.attribution import exposure
 from .per_rank.classify import CATEGORIES, COMM_CODES, MEMCPY, classify, load_rules
@@ -112,8 +113,9 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
     if not out.name.endswith((".json", ".json.gz")):
         raise PerfettoError(f"--perfetto {out}: the file name must end in .json or .json.gz")
     wanted = parse_ranks(ranks)
-    result, calls, waits, per_call = analyze_with_calls(path, rules_file=rules_file, align=align, rank_from=rank_from,
-                                              threshold=threshold, calibration=calibration, jobs=jobs)
+    result, calls, waits, per_call = analyze_with_calls(path, rules_file=rules_file, align=align,
+                                                        rank_from=rank_from, threshold=threshold,
+                                                        calibration=calibration, jobs=jobs)
     if window is not None and window not in result["phases"]:
         raise PerfettoError(f"--window {window}: this trace's phases are {', '.join(result['phases']) or 'none'}")
     by_file: dict[str, list[dict]] = {}
@@ -293,12 +295,12 @@ def _savings(w: _Writer, r: int, calls, waits, per_call: dict, offsets: dict, wr
         start_al = calls.start - offsets.get(r, 0.0)
         sel &= _overlaps(start_al, start_al + (calls.end - calls.start), sorted(spans))
     ops = calls.op()
-    off = np.array([(per_call.get("offset") or {}).get(op, 0.0) for op in ops.tolist()]) if len(ops) else np.zeros(0)
+    offset = per_call.get("offset") or {}
     out = {}
     for k, (b, t) in enumerate(sorted(tgt.items())):
         if b == per_call.get("own"):
             continue
-        save = cost - t - off
+        save = call_savings(cost, t, ops, offset)
         m = sel & ~np.isnan(t) & (save > 0)
         if not m.any():
             continue
@@ -309,7 +311,7 @@ def _savings(w: _Writer, r: int, calls, waits, per_call: dict, offsets: dict, wr
             us = float(save[i])
             w.add({"ph": "X", "name": f"{b} saves", "cat": "commprobe", "ts": round(end - us, 3), "dur": round(us, 3),
                    "pid": r, "tid": SWITCH + k,
-                   "args": {"saved_us": us, "cost_us": float(cost[i]), "calibrated_us": float(t[i] + off[i]),
+                   "args": {"saved_us": us, "cost_us": float(cost[i]), "calibrated_us": float(t[i] + offset.get(ops[i], 0.0)),
                             "op": str(ops[i]), "bytes": int(calls.bytes[i]), "matched": bool(~np.isnan(waits[1][i]))}})
         out[b] = float(save[m].sum())
     return out

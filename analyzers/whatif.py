@@ -109,12 +109,13 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
     missing = sum(p["calls"] - p["covered"] for p in phases.values())
     if missing:
         # calls the calibration has no time for stay as they are: say which, so the figure is read as partial
-        where = sorted({f"{c['op']} in groups of {c['group_size']}" for c in h.get("collectives") or []
-                        if backend not in (c.get("calibrated_us") or {})})
+        uncovered = [c for c in h.get("collectives") or [] if backend not in (c.get("calibrated_us") or {})]
+        where = ", ".join(sorted({f"{c['op']} in groups of {c['group_size']}" for c in uncovered}))
+        if any(c["group_size"] == 1 for c in uncovered):
+            where += "; a one-rank trace records no group size"
         notes.append(f"{missing} of {sum(p['calls'] for p in phases.values())} calls have no calibrated time under "
                      f"{backend} at their op, group size and size and count as unchanged"
-                     + (f" ({', '.join(where)}" + ("; a one-rank trace records no group size" if any(
-                         w.endswith(" groups of 1") for w in where) else "") + ")" if where else ""))
+                     + (f" ({where})" if where else ""))
     if keys is None and not any(p["outside_calls_ratio"] for p in phases.values()):
         # a sweep (or runs of one backend) measured the calls only: say what that leaves out
         notes.append(f"the calibration measured {backend}'s calls, not what it costs outside them (its threads "

@@ -175,7 +175,7 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, ba
     (a histogram), and waiting per rank that caused it: the last arriver, and the waiter itself
     for the part it spent in the call after the last arriver had left (`held`, matching.match)."""
     acc = rk["phases"][phase].setdefault("comm_calls", {}).setdefault(cat, _empty())
-    wait, transfer, last, held = waits[:4]
+    wait, transfer, last, held, carried = waits[:5]
     m = sel & ~np.isnan(transfer)
     acc["calls"] += int(sel.sum())
     acc["matched"] += int(m.sum())
@@ -198,8 +198,8 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, ba
         if own > 0:
             me = str(rk["rank"])
             acc["wait_by_last"][me] = acc["wait_by_last"].get(me, 0.0) + own
-        if len(waits) > 4:  # the part of it the transport carried over from the previous call's uneven exit
-            acc["carried_us"] = acc.get("carried_us", 0.0) + float(np.nan_to_num(waits[4][w]).sum())
+        # the part of it the transport carried over from the previous call's uneven exit
+        acc["carried_us"] = acc.get("carried_us", 0.0) + float(np.nan_to_num(carried[w]).sum())
 
 
 def _doing(rows: list[dict], phase: str, culprit: int) -> dict:

@@ -68,11 +68,21 @@ def conditions(calls: dict, waits: dict, costs: dict, tgt: dict,
     return {op: max(0.0, d) for op, d in raw.items()}, raw
 
 
+def call_savings(cost: np.ndarray, target: np.ndarray, ops: np.ndarray, offset: dict[str, float]) -> np.ndarray:
+    """Per call, what switching to a backend saves: its cost (matching.cost) less the backend's
+    calibrated time (`target`, NaN where uncalibrated) and the conditions offset at its op."""
+    off = np.zeros(len(ops))
+    for op in set(ops.tolist()):
+        off[ops == op] = offset.get(op, 0.0)
+    return cost - target - off
+
+
 def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, ops: np.ndarray, achieved: np.ndarray,
                tgt: dict, offset: dict[str, float]) -> None:
     """Add a rank's calls `sel` (in the phase's windows, of category `cat`; per call its op and its
     cost, matching.cost) to the phase's `switch_calls["cat|op"]`: calls, their cost (µs) and, per
     backend, the saving over the calls it covers."""
+    saves = {b: call_savings(achieved, t, ops, offset) for b, t in tgt.items()}
     for op in set(ops[sel].tolist()):
         m = sel & (ops == op)
         acc = rk["phases"][phase].setdefault("switch_calls", {}).setdefault(
@@ -82,8 +92,7 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, ops: np.ndarray,
         for b, t in tgt.items():
             ok = m & ~np.isnan(t)
             if ok.any():
-                acc["saved_us"][b] = acc["saved_us"].get(b, 0.0) + float(
-                    (achieved[ok] - t[ok] - offset.get(op, 0.0)).sum())
+                acc["saved_us"][b] = acc["saved_us"].get(b, 0.0) + float(saves[b][ok].sum())
                 acc["covered"][b] = acc["covered"].get(b, 0) + int(ok.sum())
 
 
@@ -274,4 +283,4 @@ def collectives(calls: dict, costs: dict, tgt: dict, offset: dict) -> list[dict]
     return rows
 
 
-__all__ = ["targets", "conditions", "accumulate", "saved", "summary", "collectives", "advice", "RULE", "PHASE_METRIC"]
+__all__ = ["targets", "conditions", "call_savings", "accumulate", "saved", "summary", "collectives", "advice", "RULE", "PHASE_METRIC"]
