@@ -135,7 +135,9 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         for seg in rk["segments"].values():
             seg["start_us"] += shift
     offsets = matching.align_offsets(calls) if align == "collective-end" else None
-    matched = matching.match(calls, offsets)
+    rule, why = matching.arrival_rule(calls, {rk["rank"]: rk["identity"].get("host") for rk in ranks}, offsets)
+    matched = matching.match(calls, offsets, rule)
+    matched["arrival_rule_why"] = why
     waits = matched.pop("_waits")
     baselines, floors, baseline = cause.call_baselines(calls, waits, sweep, manifest)
     own = cause.backend_of(manifest, []) if sweep else None  # the run's own, never guessed from the calibration

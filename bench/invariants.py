@@ -13,6 +13,12 @@ threshold, host/launch-bound only on an idle device, compute-bound only where co
 largest work and the timeline is at least half busy), and 'largest' is the largest share. For
 Kineto JSON inputs the device work inside the windows is also counted from the raw events (json,
 gzip) and must equal the reported share.
+
+Per matched collective (check_waits, over the calls and waits the analysis computed from): the
+rank named last is the last arriver by the time the analysis names (`collectives.arrival_rule`:
+the latest start on one clock, the shortest time in the call where the clocks are several), it
+waited 0, and every rank's wait is its time in the call beyond the last arriver's, from that same
+time; the straggler, `times_last` and the caused waiting are those per-call facts summed.
 """
 
 from __future__ import annotations
@@ -94,6 +100,84 @@ def check(result: dict, raw: Path | None = None) -> list[str]:
     return bad
 
 
+def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
+    """The straggler, the last arrivers and the waits agree, call by call (one time source)."""
+    from commprobe.analyzers.cross_rank.matching import CLOCK, _global_keys
+
+    coll = result["collectives"]
+    rule = coll.get("arrival_rule")
+    if not rule:
+        return ["collectives: names no arrival rule"]
+    bad: list[str] = []
+    hosts = {r["identity"].get("host") for r in result["ranks"]} - {None, ""}
+    aligned = result.get("align") == "collective-end"
+    if rule == CLOCK and len(hosts) > 1 and not aligned:
+        bad.append(f"collectives: arrival read from start times on {len(hosts)} hosts' clocks")
+    keys = _global_keys(calls)
+    where = {r: {k: j for j, k in enumerate(keys[r].tolist())} for r in calls}
+    offsets = {int(r): v for r, v in coll["offsets_us"].items()}
+    last_count = {r: 0 for r in calls}
+    caused = {r: 0.0 for r in calls}
+    waited = {r: 0.0 for r in calls}
+    for r, c in calls.items():
+        if r not in waits:
+            continue
+        w, _, last, h, _ = waits[r]
+        dur = c.end - c.start
+        for j in range(len(c)):
+            lr = int(last[j])
+            if lr < 0:
+                continue
+            jl = where[lr].get(int(keys[r][j]))
+            if jl is None:
+                bad.append(f"rank {r} call {j}: its last arriver {lr} has no call of its key")
+                continue
+            dl = calls[lr].end[jl] - calls[lr].start[jl]
+            truth = max(0.0, dur[j] - dl)
+            if abs(w[j] - truth) > 1e-6 * max(1.0, dur[j]):
+                bad.append(f"rank {r} call {j}: waited {w[j]:.3f} µs, but its time beyond the last arriver's is "
+                           f"{truth:.3f} µs")
+            if rule == CLOCK:
+                mine, theirs = c.start[j] - offsets.get(r, 0.0), calls[lr].start[jl] - offsets.get(lr, 0.0)
+                if mine > theirs + 1e-6:
+                    bad.append(f"rank {r} call {j}: entered at {mine:.3f} µs, after rank {lr} named last ({theirs:.3f})")
+            elif dur[j] < dl - 1e-6:
+                bad.append(f"rank {r} call {j}: {dur[j]:.3f} µs in the call, shorter than rank {lr} named last "
+                           f"({dl:.3f}), with arrival from durations")
+            if lr == r:
+                last_count[r] += 1
+                if w[j] > 1e-9:
+                    bad.append(f"rank {r} call {j}: named last and waited {w[j]:.3f} µs")
+            caused[lr] += w[j] - h[j]
+            caused[r] += h[j]
+            waited[r] += w[j]
+    rows = {row["rank"]: row for row in coll["ranks"]}
+    for r in calls:
+        row = rows.get(r)
+        if row is None:
+            continue
+        if row["times_last"] != last_count[r]:
+            bad.append(f"rank {r}: times_last {row['times_last']} but last in {last_count[r]} calls")
+        if abs(row["caused_wait_us"] - caused[r]) > 1e-6 * max(1.0, caused[r]):
+            bad.append(f"rank {r}: caused {row['caused_wait_us']:.3f} µs of waiting, {caused[r]:.3f} per call")
+        if abs(row["wait_us"] - waited[r]) > 1e-6 * max(1.0, waited[r]):
+            bad.append(f"rank {r}: waited {row['wait_us']:.3f} µs, {waited[r]:.3f} per call")
+    top = max(caused.values(), default=0.0)
+    if coll["straggler"] is not None and caused.get(coll["straggler"], 0.0) < top - 1e-6 * max(1.0, top):
+        bad.append(f"straggler rank {coll['straggler']} caused {caused[coll['straggler']]:.3f} µs, another {top:.3f}")
+    if coll["straggler"] is None and top > 0:
+        bad.append(f"no straggler named, yet a rank caused {top:.3f} µs of waiting")
+    return bad
+
+
+def check_all(path) -> list[str]:
+    """Every invariant of one input: the result's own, and its per-call waits."""
+    from commprobe.analyzers.analysis import analyze_with_calls
+
+    result, calls, waits, _ = analyze_with_calls(path)
+    return check(result, Path(path)) + check_waits(result, calls, waits)
+
+
 def _raw_inside(rank: dict, raw: Path, origin_ns: int) -> list[str]:
     """The share of device work (else host ops) inside the rank's windows, counted from the raw JSON."""
     opener = gzip.open if raw.name.endswith(".gz") else open
@@ -130,12 +214,10 @@ def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def main() -> int:
-    from commprobe.analyzers.analysis import analyze
-
     inputs = [Path(a) for a in sys.argv[1:]] or real_inputs()
     failed = 0
     for p in inputs:
-        bad = check(analyze(p), p)
+        bad = check_all(p)
         failed += bool(bad)
         print(f"{'ok  ' if not bad else 'FAIL'} {p}" + "".join(f"\n     {b}" for b in bad))
     print(f"{len(inputs) - failed} passed, {failed} failed")

@@ -30,8 +30,9 @@ def assert_one_line_exit_2(r, needle: str) -> None:
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
 
 
-def invariant_violations(result: dict, raw: Path | None = None) -> list[str]:
-    """bench/invariants.py's check (loaded once): the invariants every analysis keeps, on any input."""
+def invariant_violations(result: dict, raw: Path | None = None, source=None) -> list[str]:
+    """bench/invariants.py's check (loaded once): the invariants every analysis keeps, on any input;
+    `source`: the input itself, whose per-call waits are held to the last arrivers too (check_waits)."""
     import importlib.util
 
     global _INVARIANTS
@@ -39,7 +40,13 @@ def invariant_violations(result: dict, raw: Path | None = None) -> list[str]:
         spec = importlib.util.spec_from_file_location("invariants", ROOT / "bench" / "invariants.py")
         _INVARIANTS = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(_INVARIANTS)
-    return _INVARIANTS.check(result, raw)
+    bad = _INVARIANTS.check(result, raw)
+    if source is not None:
+        from commprobe.analyzers.analysis import analyze_with_calls
+
+        again, calls, waits, _ = analyze_with_calls(source)
+        bad += _INVARIANTS.check_waits(again, calls, waits)
+    return bad
 
 
 _INVARIANTS = None

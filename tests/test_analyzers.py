@@ -266,15 +266,18 @@ def test_analyzers_never_import_torch(gpu_pair):
 
 
 def test_clock_offset_between_hosts_is_corrected_by_collective_end(tmp_path):
-    """Rank 1's clock runs 10 ms ahead: on raw clocks rank 0 looks late; aligned on the collectives'
-    ends, rank 1 is the straggler again."""
+    """Rank 1's clock runs 10 ms ahead: on raw clocks rank 0 would look late, but rank 0's calls end
+    before rank 1 enters them, which one clock cannot show: arrival is read from the time in the
+    call instead, and names rank 1, as the collectives' ends aligned do."""
     d = tmp_path / "skewed"
     d.mkdir()
     base = 1_700_000_000_000_000_000
     _write(d / "rank0.trace.json.gz", 0, _gpu_rank(0, 300), base=base)
     _write(d / "rank1.trace.json.gz", 1, _gpu_rank(1, 450), base=base - 10_000_000)  # 10 ms earlier base
     raw = analyze(d)
-    assert raw["collectives"]["straggler"] != 1  # fooled by the clocks
+    assert raw["collectives"]["straggler"] == 1 and raw["collectives"]["arrival_rule"] == "durations"
+    assert "before another rank entered them" in raw["collectives"]["arrival_rule_why"]
+    assert raw["collectives"]["ranks"][0]["wait_us"] == pytest.approx(150)
     aligned = analyze(d, align="collective-end")
     assert aligned["collectives"]["straggler"] == 1
     assert aligned["collectives"]["ranks"][0]["wait_us"] == pytest.approx(150)

@@ -185,7 +185,7 @@ def test_the_fault_travels_with_the_bundle_and_the_invariants_hold(suite):
     m = json.loads((d / "manifest.json").read_text())
     assert m["fault"] == {"kind": "host-stall", "target": "1", "dose": 2000.0, "unit": "µs", "rank": 1}
     res = analyze(d, calibration=root / "ref-tp2-dda")
-    assert invariant_violations(res) == []
+    assert invariant_violations(res, source=d) == []
     assert res["phases"]["decode"]["communication_cause"]["baseline"]["source"] == "sweep"
 
 

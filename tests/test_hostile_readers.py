@@ -208,3 +208,56 @@ def test_plan_and_compare_json_are_strict(tmp_path, real_traces):
     r = run_cli("compare", str(a), str(real_traces / "hta" / "trace_filter_sampled_rank-1.json.gz"), "--json")
     assert r.returncode == 0, r.stderr
     _strict(r.stdout)
+
+
+def _recursive_view(path: Path, table: str, forever: bool = True) -> None:
+    """`table` replaced by a view of its own columns over a recursive CTE (that never ends)."""
+    db = sqlite3.connect(path)
+    cols = [r[1] for r in db.execute(f'PRAGMA table_info("{table}")')]
+    db.execute(f'DROP TABLE "{table}"')
+    stop = "" if forever else " WHERE x < 100"
+    db.execute(f'CREATE VIEW "{table}" AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c{stop}) '
+               f'SELECT {", ".join(f"x AS {c!r}" for c in cols)} FROM c')
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("fmt", ["nsys", "rpd"])
+def test_a_view_that_recurses_forever_is_one_line_within_the_query_bound(tmp_path, real_traces, fmt):
+    """Every SQLite query runs against a deadline (5 s on a small file, sqlite_export.Bounded): a
+    view whose recursive CTE never ends is one line naming the bound, exit 2, in seconds."""
+    if fmt == "nsys":
+        p, table = tmp_path / "run.sqlite", "CUPTI_ACTIVITY_KIND_KERNEL"
+        write_nsys(p)
+    else:
+        import gzip
+
+        p, table = tmp_path / "run.rpd", "rocpd_api"
+        with gzip.open(real_traces / "amd" / "rpd_vllm_mi300_mytrace.rpd.gz") as f:
+            p.write_bytes(f.read())
+    _recursive_view(p, table)
+    t0 = time.perf_counter()
+    r = run_cli("analyze", str(p), "--jobs", "1", env={"COMMPROBE_SQL_SECONDS": ""})
+    took = time.perf_counter() - t0
+    assert_one_line_exit_2(r, "a query ran past 5 s, the bound on one SQLite query")
+    assert 4.5 < took < 20, took
+    # a view that ends is read (the bound is on time, not on views)
+    q = tmp_path / "ends.sqlite"
+    write_nsys(q)
+    _recursive_view(q, "CUPTI_ACTIVITY_KIND_MEMCPY", forever=False)
+    r = run_cli("analyze", str(q), "--jobs", "1")
+    assert r.returncode in (0, 2) and "a query ran past" not in r.stderr
+
+
+def test_rank_from_a_group_of_other_digits_is_one_line_naming_the_regex_and_file(tmp_path, real_traces):
+    """'²'.isdigit() is True and int('²') raises; '٣' is a digit int() reads as 3: a captured group
+    not in ASCII digits is one line naming the pattern, the file and what it captured."""
+    src = real_traces / "hta" / "cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
+    for digit in "²٣":
+        d = tmp_path / f"d{ord(digit)}"
+        d.mkdir()
+        shutil.copy(src, d / f"rank{digit}_a.json.gz")
+        r = run_cli("analyze", str(d), "--rank-from", f"rank({digit})", "--jobs", "1")
+        assert_one_line_exit_2(r, f"--rank-from 'rank({digit})' does not match the file name with a number in ASCII "
+                                  f"digits as its first group (it captured '{digit}')")
+        assert f"rank{digit}_a.json.gz" in r.stderr

@@ -164,6 +164,6 @@ def test_deepspeed_inference_tensor_parallel_is_tp(runs):
 @pytest.mark.parametrize("kind", KINDS)
 def test_invariants_hold_on_every_producer(runs, kind):
     a = analyze(_run(runs, kind))
-    assert invariant_violations(a) == []
+    assert invariant_violations(a, source=_run(runs, kind)) == []
     # a host timeline: every phase says so, and no verdict rests on device time
     assert all("host timeline only" in " ".join(p["notes"]) for p in a["phases"].values())

@@ -181,7 +181,7 @@ def test_profile_cp_and_ep_runs_print_phases_and_attribute_the_axis(tmp_path, ax
     a = run_cli("analyze", str(out), "--json")
     assert a.returncode == 0, a.stderr
     res = json.loads(a.stdout)
-    assert invariant_violations(res) == []  # a bundle of our own keeps them too
+    assert invariant_violations(res, source=out) == []  # a bundle of our own keeps them too
     cat = {"cp": "cp_ring", "ep": "ep_all_to_all"}[axis]
     decode = res["ranks"][0]["phases"]["decode"]
     assert decode["categories"][cat]["total_us"] > 0

@@ -112,6 +112,8 @@ def test_a_rocpd_database_analyzes_like_the_same_scenario_in_kineto_json(tmp_pat
     assert b["axis_provenance"] == {"tp_allreduce": {"inferred": 8}, "ep_all_to_all": {"inferred": 8}}
     assert [r["rank"] for r in b["ranks"]] == [0, 1] and b["kernel_links"]["linked"] == 16
     assert [r["identity"]["host"] for r in b["ranks"]] == ["mi300-0", "mi300-1"]  # rocpd_info_node.hostname
+    # two nodes, two clocks: arrival from the time in each call, with the same straggler as one clock gives
+    assert (a["collectives"]["arrival_rule"], b["collectives"]["arrival_rule"]) == ("clock", "durations")
 
 
 def test_an_unknown_rocpd_schema_is_one_line(tmp_path):

@@ -145,12 +145,17 @@ def test_verdict_follows_the_threshold_and_idle_rule():
 
 
 def test_windows_of_no_length_give_no_verdict(tmp_path):
-    """Step markers of zero duration (one, or several at one instant) bound nothing: the windows hold
-    no work, so there is no verdict (before: 'compute-bound, compute 0 %')."""
+    """Step markers of zero duration at one instant bound nothing: the windows hold no work, so there
+    is no verdict (before: 'compute-bound, compute 0 %'). One such marker is a step's start
+    (torch.profiler's convention): its step runs to the end of the work on its thread."""
     from commprobe.analyzers.analysis import analyze
     from tests.kineto_events import HOST, ev, write
 
-    for marks in ([100], [100, 100]):
+    one = analyze(write(tmp_path / "one.json.gz", [ev("ProfilerStep#0", 100, 0, HOST, "user_annotation"),
+                                                    ev("aten::mm", 200, 500, HOST)]))
+    assert one["ranks"][0]["windows"]["step"] == [[100.0, 700.0]]
+    assert one["ranks"][0]["phase_rule"]["markers_as_boundaries"]["evidence"] == "hold no work"
+    for marks in ([100, 100],):
         events = [ev(f"ProfilerStep#{k}", t, 0, HOST, "user_annotation") for k, t in enumerate(marks)]
         p = analyze(write(tmp_path / f"t{len(marks)}.json.gz", [*events, ev("aten::mm", 200, 500, HOST)]))["phases"]["step"]
         assert p["verdict"] == Verdict.UNKNOWN and p["verdict_rule"]["name"] == "no work in the windows", p

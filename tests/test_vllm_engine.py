@@ -69,7 +69,7 @@ def test_a_real_vllm_profile_directory_analyzes_with_its_steps_and_allreduces(vl
     front = sorted(vllm_profile.glob("*.async_llm.*.pt.trace.json.gz"))
     assert len(ranks) == 2 and len(front) == 1  # what vLLM 0.32.0 writes, measured
     r = analyze(vllm_profile)
-    assert invariant_violations(r) == []
+    assert invariant_violations(r, source=vllm_profile) == []
     assert [x["rank"] for x in r["ranks"]] == [0, 1]
     assert [s["file"] for s in r["source"]["skipped"]] == [str(front[0])]
     for trace, rank in zip(ranks, r["ranks"]):
@@ -266,7 +266,7 @@ def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profil
         print(f"starved={starved}: capture {attempt}: time in collectives (µs) {[round(t) for t in truth]}: "
               "the stops fell inside the starved worker's calls; captured again")
     r = analyze(prof)
-    assert invariant_violations(r) == []
+    assert invariant_violations(r, source=prof) == []
     causes = {ph: p["communication_cause"] for ph, p in r["phases"].items() if p.get("communication_cause")}
     line = {ph: (p["verdict"], c["class"], round(c["wait_share"], 3), c["culprit"], c["wait_caused_by"])
             for ph, p in r["phases"].items() for c in [p.get("communication_cause") or {}] if c}

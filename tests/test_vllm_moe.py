@@ -39,7 +39,7 @@ def test_real_moe_workers_are_named_by_their_coordinates_and_read(moe_profile):
     want = [dict(zip(("dp", "pp", "tp", "dcp", "ep", "rank"), map(int, NAME.match(p.name).groups()))) for p in workers]
     assert [(w["rank"], w["tp"], w["ep"]) for w in want] == [(0, 0, 0), (1, 1, 1)]
     r = analyze(moe_profile)
-    assert invariant_violations(r) == []
+    assert invariant_violations(r, source=moe_profile) == []
     assert [rk["rank"] for rk in r["ranks"]] == [json.load(gzip.open(p))["distributedInfo"]["rank"] for p in workers]
     assert [{k: v for k, v in rk["coordinates"].items() if k != "engine"} for rk in r["ranks"]] == want
     assert not any("its name says rank" in n for n in r["source"]["reader_notes"])

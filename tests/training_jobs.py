@@ -11,7 +11,9 @@ GPipe schedule, inference), `deepspeed-tp` (DeepSpeed inference, `deepspeed.init
 tensor_parallel tp_size 2: AutoTP shards the MLP and reduces with its own shared-memory allreduce;
 needs the `peers` extra), `no-dist` (no process group at all: a worker of a two-node torchrun
 (two agents) that profiles without torch.distributed; its trace records no rank and is named
-`<host>_<pid>` by tensorboard_trace_handler, as torch names it). Every step is a `ProfilerStep#N` (profiler.step()).
+`<host>_<pid>` by tensorboard_trace_handler, as torch names it), `late-agent` (four ranks of a two-agent
+torchrun job on gloo, `torch.distributed` from torchrun's environment: the second agent's ranks sleep
+LATE_S before each allreduce, so they arrive last at every one). Every step is a `ProfilerStep#N` (profiler.step()).
 """
 
 from __future__ import annotations
@@ -135,7 +137,25 @@ def _no_dist(rank: int, prof) -> None:
         prof.step()
 
 
-JOBS = {"ddp": _ddp, "fsdp": _fsdp, "dtensor-tp": _dtensor_tp, "pipeline": _pipeline, "deepspeed-tp": _deepspeed_tp,
+LATE_S = 0.008  # the late agent's sleep before each allreduce
+
+
+def _late_agent(rank: int, prof) -> None:
+    import time
+
+    late = os.environ.get("GROUP_RANK") == "1"
+    x = torch.randn(WIDTH, WIDTH)
+    for _ in range(STEPS):
+        for _ in range(4):
+            x = torch.tanh(x @ x)
+            if late:
+                time.sleep(LATE_S)
+            dist.all_reduce(x)
+            x /= 4
+        prof.step()
+
+
+JOBS = {"late-agent": _late_agent, "ddp": _ddp, "fsdp": _fsdp, "dtensor-tp": _dtensor_tp, "pipeline": _pipeline, "deepspeed-tp": _deepspeed_tp,
         "no-dist": _no_dist}
 
 
@@ -150,9 +170,11 @@ def main() -> None:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    elif kind == "late-agent":  # torchrun's environment (MASTER_ADDR, RANK, WORLD_SIZE)
+        dist.init_process_group("gloo")
     elif kind != "no-dist":
         dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
-    else:  # what torchrun told this worker, for the test's truth (the trace itself records no rank)
+    if kind in ("no-dist", "late-agent"):  # what torchrun told this worker, for the test's truth
         import json
 
         os.makedirs(f"{out}/workers", exist_ok=True)  # beside the traces, not among them
@@ -162,6 +184,8 @@ def main() -> None:
     # launched outside it, as a real job's is
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=STEPS, repeat=1),
                  on_trace_ready=tensorboard_trace_handler(out)) as prof:
+        if kind == "late-agent":  # the profilers started apart: met in the warm-up step, which is not recorded
+            dist.barrier()
         prof.step()  # the warm-up step's boundary
         JOBS[kind](rank, prof)
     if kind != "no-dist":

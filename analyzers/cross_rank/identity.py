@@ -26,7 +26,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from ..readers.model import TraceError
+from ..readers.model import TraceError, ascii_number
 
 OWN, NAME, RANK_FROM = "the trace's own rank", "the file name", "--rank-from"
 HOST_DEVICE, HOST_PID, ORDER = "(host, device)", "(host, pid)", "the order of first work"
@@ -80,10 +80,12 @@ def assign(evs: list[dict], rank_from: str | None = None) -> Assignment:
         ranks = []
         for e, f in zip(evs, files):
             m = rx.search(e["file"])
-            if not m or not (m.group(1) or "").isdigit():
-                raise TraceError(f"{f}: --rank-from {rank_from!r} does not match the file name with a number as its "
-                                 f"first group")
-            ranks.append(int(m.group(1)) + e.get("part", 0))
+            number = ascii_number(m.group(1)) if m else None
+            if number is None:
+                got = f" (it captured {m.group(1)[:40]!r})" if m and m.group(1) else ""
+                raise TraceError(f"{f}: --rank-from {rank_from[:80]!r} does not match the file name with a number in "
+                                 f"ASCII digits as its first group{got}")
+            ranks.append(number + e.get("part", 0))
         _refuse_twice(ranks, files, RANK_FROM, "the pattern gives two files one rank")
         return Assignment(ranks, RANK_FROM, [])
     own = [e.get("own") for e in evs]

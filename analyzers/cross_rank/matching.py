@@ -39,7 +39,71 @@ def align_offsets(calls_by_rank: dict[int, Calls]) -> dict[int, float]:
     return out
 
 
-def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = None) -> dict:
+CLOCK, DURATIONS = "clock", "durations"
+CAUSALITY_TOL_US = 1.0  # clock resolution: an end this much before another rank's start is a clock's doing
+CLOCK_BROKEN_SHARE = 0.9  # of matched calls ending before another rank entered them: the clocks are not one
+
+
+def arrival_rule(calls_by_rank: dict[int, Calls], hosts: dict[int, str | None],
+                 offsets: dict[int, float] | None = None) -> tuple[str, str]:
+    """Which time tells who arrived last at a collective, and why: the best evidence the set has.
+
+    `clock`: the ranks' start times, where they are on one clock (one host; or the user's
+    --align collective-end put them on one) and no matched call contradicts it. `durations`:
+    where the ranks ran on several hosts (each host its own clock: a multi-node Nsight
+    collection, torchrun agents on several machines) or nearly every matched call ends on a rank
+    before another entered it (impossible on one clock for a collective every rank must enter) and
+    one offset per rank puts them back in order (what an op that returns early does not do):
+    the calls are taken to end together, so the rank that spent the least time in a call
+    arrived last. Either way the waits are computed from the same time (matching.match)."""
+    offsets = offsets or {}
+    named = {h for h in hosts.values() if h}
+    if len(named) > 1 and not offsets:
+        return DURATIONS, (f"ranks on {len(named)} hosts, whose clocks are not one: arrival from each rank's time in "
+                           f"the call (the calls taken to end together); held and carried waiting cannot be told")
+    broken, full = _out_of_order(calls_by_rank, offsets)
+    # An op that returns before its collective completes (gloo's c10d::allreduce_ enqueues and
+    # returns, its thread's gloo:all_reduce is the collective; NCCL's host ops) ends before a later
+    # rank enters without any clock's doing. A clock's doing puts nearly every call out of order,
+    # and one offset per rank (the calls' ends aligned) puts them back.
+    if full and broken >= CLOCK_BROKEN_SHARE * full and not offsets:
+        again, _ = _out_of_order(calls_by_rank, align_offsets(calls_by_rank))
+        if again <= (1 - CLOCK_BROKEN_SHARE) * full:
+            return DURATIONS, (f"{broken} of {full} matched calls end on a rank before another rank entered them, "
+                               f"and one offset per rank (the calls' ends aligned) puts {broken - again} back in "
+                               f"order: the traces' clocks are not one; arrival from each rank's time in the call "
+                               f"(the calls taken to end together); held and carried waiting cannot be told")
+    where = (" (aligned at collective ends)" if offsets else f" (one host: {next(iter(named))})" if named else
+             " (no host recorded: taken as one)")
+    odd = (f"; {broken} of {full} matched calls end on a rank before another entered them, which no one offset "
+           f"per rank explains (ops that return before their collective completes, as gloo's c10d op and NCCL's "
+           f"host ops do)" if broken else "")
+    why = "the ranks' start times on one clock" + where + odd
+    return CLOCK, why
+
+
+def _out_of_order(calls_by_rank: dict[int, Calls], offsets: dict[int, float]) -> tuple[int, int]:
+    """(matched calls that end on a rank before another rank entered them, matched calls) on the
+    ranks' clocks less `offsets`."""
+    ranks = sorted(calls_by_rank)
+    if len(ranks) < 2:
+        return 0, 0
+    keys = _global_keys(calls_by_rank)
+    key = np.concatenate([keys[r] for r in ranks])
+    start = np.concatenate([calls_by_rank[r].start - offsets.get(r, 0.0) for r in ranks])
+    end = np.concatenate([calls_by_rank[r].end - offsets.get(r, 0.0) for r in ranks])
+    uniq, inv, count = np.unique(key, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    late = np.full(len(uniq), -np.inf)
+    early = np.full(len(uniq), np.inf)
+    np.maximum.at(late, inv, start)
+    np.minimum.at(early, inv, end)
+    full = count == len(ranks)
+    return int((full & (early < late - CAUSALITY_TOL_US)).sum()), int(full.sum())
+
+
+def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = None,
+          rule: str = CLOCK) -> dict:
     """Calls with the same key on every rank are one collective; the last to arrive sets the
     transfer time, the rest of each rank's duration is waiting, caused by the last arriver, except
     `held`: a rank that stays in the call after the last arriver has left, for longer than it had
@@ -51,6 +115,14 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     the last arriver's later exit from the waiter's previous collective explains: skew the
     transport itself made, which a faster backend takes away with its transfer (measured: 73-77 %
     of gloo's waiting here, 3-5 % of DDA's).
+
+    Who arrived last is read from the time `rule` names (arrival_rule), and the waits from the same
+    time: on one clock (`clock`), the last start, each rank's wait its time in the call beyond the
+    last arriver's (its lead plus its later exit, both on that clock); from `durations` (the calls
+    taken to end together), the shortest time in the call, so the last arriver waits 0 and every
+    other rank its time beyond it: who is named last, the waits and the culprit agree by
+    construction (bench/invariants.py holds it per call). Held and carried need exits on one
+    clock: under `durations` they are 0.
 
     `_waits` holds, per rank, (wait, transfer, last, held, carried) arrays parallel to its calls:
     NaN where unmatched, and `last` the rank that arrived last at the call (-1 where unmatched)."""
@@ -77,7 +149,7 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     matched = int(full.sum())
     if matched:
         members = order[(first[full][:, None] + np.arange(nr)[None, :]).reshape(-1)].reshape(-1, nr)
-        arr = start[members]
+        arr = start[members] if rule == CLOCK else -dur[members]
         last = members[np.arange(len(members)), np.argmax(arr, axis=1)]  # first of equal arrivals
         t = np.repeat(dur[last], nr)
         m = members.reshape(-1)
@@ -86,9 +158,11 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
         # futex or poll backoff, the scheduler; measured up to a third of the wait), beyond, its own delay
         late = np.clip(start[m] + dur[m] - np.repeat(start[last] + dur[last], nr), 0.0, w)
         h = np.maximum(0.0, 2 * late - w)  # late - (w - late): what the wait before it cannot explain
+        if rule != CLOCK:  # exits on several clocks: neither can be told
+            h = np.zeros_like(w)
         wait[m], transfer[m], held[m] = w, t, h
         skew = _exit_skew(key, rank_pos, start + dur, np.repeat(rank_pos[last], nr), m)
-        carried[m] = np.clip(np.nan_to_num(skew, nan=0.0), 0.0, w - h)
+        carried[m] = np.clip(np.nan_to_num(skew, nan=0.0), 0.0, w - h) if rule == CLOCK else 0.0
         last_rank[m] = np.repeat(np.asarray(ranks, np.int64)[rank_pos[last]], nr)
         per["transfer_us"] = np.bincount(rank_pos[m], dur[m] - w, nr)
         per["wait_us"] = np.bincount(rank_pos[m], w, nr)
@@ -108,7 +182,7 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     bounds = np.cumsum([0] + [len(calls_by_rank[r]) for r in ranks])
     waits = {r: tuple(a[bounds[i]:bounds[i + 1]] for a in (wait, transfer, last_rank, held, carried))
              for i, r in enumerate(ranks)}
-    return {"matched_calls": matched, "ranks": rows, "straggler": straggler,
+    return {"matched_calls": matched, "arrival_rule": rule, "ranks": rows, "straggler": straggler,
             "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits}
 
 

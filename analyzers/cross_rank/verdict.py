@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from commprobe.common.vocab import AXIS_OF, COMM_CATS, WORK_CATEGORIES, Verdict
 from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 
+from ..per_rank.launches import words as launch_words
 from . import cause as causes
 
 IDLE_BOUND = 0.5  # a timeline idle more than this share of a phase is not bound by what runs on it
@@ -43,6 +44,7 @@ class Facts:
     provenance: dict
     axes: dict  # per communication category, calls per axis
     cause: dict | None = None  # cross_rank/cause.diagnose: transfer vs waiting, culprit, baseline
+    missing_device: str = ""  # host timelines that launched device work they did not record: the evidence
 
     @property
     def told(self) -> bool:
@@ -99,6 +101,16 @@ def _graph_blind(f: Facts):
     return "unknown", 0.0, (f"{f.phase}: no verdict: the trace records graph replays but not the kernels they ran (most "
                             f"replays are followed by no kernel): the device's time cannot be told from it; profile with "
                             f"the graph's kernels recorded")
+
+
+RECORD_DEVICE = ("record the device: torch.profiler activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] "
+                 "(HIP builds too), nsys profile --trace=cuda,nvtx, rocprofv3 --kernel-trace")
+
+
+def _device_missing(f: Facts):
+    return "unknown", 0.0, (f"{f.phase}: no verdict: the device timeline is missing: the trace launches work to a device "
+                            f"({f.missing_device}) but records no device activity, so neither compute nor communication "
+                            f"time can be told from its host ops; {RECORD_DEVICE}")
 
 
 def _empty(f: Facts):
@@ -188,6 +200,9 @@ RULES: tuple[Rule, ...] = (
          lambda f: f.graph == "capture-only", _graph_capture),
     Rule("graph kernels missing", "graph replays are recorded without the kernels they ran", Verdict.UNKNOWN,
          lambda f: f.graph == "replays-without-kernels", _graph_blind),
+    Rule("device timeline missing", "a host timeline whose trace launches device work (runtime launch calls, calls "
+         "correlated to device work, NCCL/RCCL calls) and records none of it", Verdict.UNKNOWN,
+         lambda f: bool(f.missing_device), _device_missing),
     Rule("no work in the windows", f"recorded work under {MIN_BUSY_SHARE:.0%} of the windows' time", Verdict.UNKNOWN,
          lambda f: f.busy < MIN_BUSY_SHARE, _empty),
     Rule("device idle", f"a device timeline idle over {IDLE_BOUND:.0%} of the window", Verdict.HOST,
@@ -299,15 +314,18 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         busy_us = sum(r["phases"][phase]["e2e_us"] - r["phases"][phase]["idle_us"] for r in rows) / max(
             1, sum(r["phases"][phase]["windows"] for r in rows))
         diag = causes.diagnose(rows, phase, baseline) if comm_share > 0 else None
+        missing = [r for r in rows if r.get("device_missing")]
+        missing_words = (f"{launch_words(missing[0]['device_missing'])} on rank {missing[0]['rank']}"
+                         + (f", and {len(missing) - 1} more rank(s)" if len(missing) > 1 else "")) if missing else ""
         facts = Facts(phase, shares, idle, comm_share, top_comm, device, graph, busy_us, threshold, provenance, axes,
-                      diag)
+                      diag, missing_words)
         rule, dominant, share, summary = judge(facts)
         verdict = rule.verdict
         way = copy_direction_of(rows) if verdict is Verdict.DATA_MOVEMENT else None
         if way:
             summary = summary.replace("{copies}", way)
         notes = [summary] if verdict is Verdict.UNKNOWN else []  # why there is no verdict comes first
-        notes += ([] if device else [HOST_ONLY]) + _window_notes(rows, phase)
+        notes += ([] if device or missing else [HOST_ONLY]) + _window_notes(rows, phase)
         largest, largest_share = facts.largest()
         out[phase] = {
             "ranks": len(rows),

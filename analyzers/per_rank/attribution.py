@@ -22,6 +22,7 @@ import numpy as np
 from ..readers.model import Trace
 from . import intervals as iv
 from .classify import CATEGORIES, COMM_CODES, COMPUTE, MARKER, MEMCPY, OTHER, Classified, comm_mask
+from .launches import device_launches, drove_a_device
 from .sampling import thin
 from .windows import windows
 
@@ -106,7 +107,9 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
                          "window_exposed_share": per_window}
     rule["busy_in_windows_pct"] = _busy_inside(unions[MARKER], wins)
     shown = {c: (unions[c] if c in (COMPUTE, OTHER) else exposed_base[c]) for c in (COMPUTE, *COMM_CODES, MEMCPY, OTHER)}
+    missing = None if tl.device else device_launches(trace)  # a host timeline: is the device's missing?
     return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases,
+            "device_missing": missing if missing and drove_a_device(missing) else None,
             "phase_rule": rule,
             "windows": {ph: [[a, b] for a, b in sp[:MAX_WINDOWS]] for ph, sp in wins.items()},
             "segments": {ph: _segments(shown, sp) for ph, sp in wins.items()}}

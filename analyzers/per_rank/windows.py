@@ -4,8 +4,9 @@ windows on the timeline the breakdown measures.
 
 On a host timeline (CPU-only trace) a window is the annotation's own range.
 
-On a device timeline a step's window runs from the start of its host range (or of the first
-work it launched, if earlier) until both its host range and that work have ended. Its work is
+On a device timeline a step's window runs from the start of its host range until both its host
+range and the work it launched have ended (work that seems to start before its own launch, a
+device clock behind the host's, is counted: `device_work_before_its_launch`). Its work is
 every kernel, copy and memset whose runtime call (`correlation`: the same id on the call and on
 the device event) started inside the step's host range, on any thread of the process (backward
 and DDP hooks launch from the autograd thread); HTA assigns kernels to iterations the same way.
@@ -33,6 +34,7 @@ from .phases import RULES, PhaseRule
 
 MAX_MALFORMED_SHOWN = 5
 MAX_UNCORRELATED = 0.01  # share of device work with no launch id above which windows do not come from launches
+CAUSALITY_TOL_US = 1.0  # a device event this much before its launch call is the clocks' doing
 
 
 def windows(trace: Trace, on_device: bool, busy_mask: np.ndarray) -> tuple[dict[str, list[tuple[float, float]]], dict,
@@ -86,30 +88,72 @@ def _ranges(trace: Trace, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 BOUNDARY_SHARE = 0.01  # a marker shorter than this share of the gap to the next one marks a step's start
+HELD_SHARE = 0.05  # markers holding less than this share of the busy time after the first hold no step
 
 
 def _held(trace: Trace, idx: np.ndarray, end_of_work: float) -> tuple[tuple[np.ndarray, np.ndarray], dict]:
     """The ranges of annotations `idx`, or, where they are step *boundaries*, the steps they
-    bound: markers far shorter than the gap to the next one (nine in ten under BOUNDARY_SHARE of
-    it: a torch.profiler export written without Kineto has `ProfilerStep#N` markers of a few µs,
-    GPU-side copies of annotations are instants) hold nothing of their step; torch.profiler's own
-    convention is that a step runs from its marker to the next, the last until the end of the
-    recorded work. Said in `markers_as_boundaries`."""
+    bound. Boundaries, by either evidence, for any count of markers (one included):
+    - `short`: markers far shorter than the gap to the next one (nine in ten under BOUNDARY_SHARE
+      of it: GPU-side copies of annotations are instants);
+    - `hold no work` (a host timeline): they cover under HELD_SHARE of the recorded work from the
+      first marker on (a torch.profiler export without Kineto has
+      `ProfilerStep#N` markers of 17-18 µs between steps of 3-36 ms; a warm-up marker of 0.7 ms
+      before a 28 ms step is still one).
+    torch.profiler's own convention then holds: a step runs from its marker to the next, the last
+    until the end of the recorded work on the markers' thread (else, where that thread records
+    nothing after it, of the whole timeline's). Said in `markers_as_boundaries` with the evidence
+    and where the last step ends."""
     lo, hi = _ranges(trace, idx)
-    if len(idx) < 2:
+    if not len(idx):
         return (lo, hi), {}
     o = np.argsort(lo, kind="stable")
     gaps = np.diff(lo[o])
     if not (gaps > 0).all():
         return (lo, hi), {}
-    ratio = (hi - lo)[o][:-1] / gaps
-    if float(np.quantile(ratio, 0.9)) >= BOUNDARY_SHARE:
+    ratio = (hi - lo)[o][:-1] / gaps if len(gaps) else np.zeros(0)
+    short = len(ratio) > 0 and float(np.quantile(ratio, 0.9)) < BOUNDARY_SHARE
+    thread = trace.tid_id[idx[o[-1]]]
+    dev = trace.is_device()
+    others = np.ones(len(trace.ts), bool)
+    others[idx] = False
+    held = None
+    if not dev.any():  # a host timeline: the work the markers hold (on a device timeline the GPU
+        # runs behind the host, so a step's work lies past its range: windows follow its launches)
+        # the work from the first marker on (what encloses the markers, a whole-trace 'PyTorch
+        # Profiler' span or a Python frame, is no step's work), and the part the markers cover
+        after = np.flatnonzero(others & (trace.ts >= lo[o[0]]))
+        work = iv.union(trace.ts[after], trace.ts[after] + trace.dur[after])
+        busy_len = iv.length(work)
+        if busy_len:
+            m_lo, m_hi = (np.asarray(x) for x in zip(*_disjoint(lo[o], hi[o])))
+            held = float(iv.covered(work, m_lo, m_hi).sum()) / busy_len
+    others &= dev if dev[idx].any() else ~dev
+    if not short and not (held is not None and held < HELD_SHARE):
         return (lo, hi), {}
+    mine = others & (trace.tid_id == thread)
+    thread_end = float((trace.ts + trace.dur)[mine].max()) if mine.any() else -np.inf
+    last_end, ends_at = ((thread_end, "the end of the recorded work on the markers' thread")
+                         if thread_end > lo[o[-1]] else
+                         (end_of_work, "the end of the recorded work (the markers' thread records none after the last)"))
     new_hi = hi.copy()
     new_hi[o[:-1]] = np.maximum(hi[o[:-1]], lo[o[1:]])
-    new_hi[o[-1]] = max(float(hi[o[-1]]), end_of_work)
-    return (lo, new_hi), {"markers_as_boundaries": {"markers": int(len(idx)),
-                                                     "median_marker_share_of_step_pct": round(100 * float(np.median(ratio)), 4)}}
+    new_hi[o[-1]] = max(float(hi[o[-1]]), last_end)
+    return (lo, new_hi), {"markers_as_boundaries": {
+        "markers": int(len(idx)), "evidence": "short" if short else "hold no work",
+        "median_marker_share_of_step_pct": round(100 * float(np.median(ratio)), 4) if len(ratio) else None,
+        "work_inside_markers_pct": round(100 * held, 4) if held is not None else None, "last_step_ends_at": ends_at}}
+
+
+def _disjoint(lo: np.ndarray, hi: np.ndarray) -> list[tuple[float, float]]:
+    """Sorted ranges merged where they overlap (so covered time is counted once)."""
+    out: list[list[float]] = []
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def _launched(trace: Trace, h_spans: tuple[np.ndarray, np.ndarray],
@@ -152,7 +196,13 @@ def _launched(trace: Trace, h_spans: tuple[np.ndarray, np.ndarray],
     w_lo, w_dur = trace.ts[work], trace.dur[work]
     w_hi = w_lo + w_dur
     lo, hi = h_lo.copy(), h_hi.copy()
-    np.minimum.at(lo, step, w_lo)
+    # A step's window starts at its host range: its work was launched inside the range and cannot
+    # start before its launch. Work that seems to (a device clock behind the host's: ROCm's, by
+    # up to tens of ms) would pull the window back over the work before the step; it is counted.
+    early = w_lo < trace.ts[launch][which[found]] - CAUSALITY_TOL_US
+    if early.any():
+        counted["device_work_before_its_launch"] = {
+            "events": int(early.sum()), "max_us": float((trace.ts[launch][which[found]] - w_lo)[early].max())}
     np.maximum.at(hi, step, w_hi)
     # Tiled in start order: a window starts no earlier than the previous one ends, so time is
     # never counted twice when the host runs a step ahead of the device.

@@ -22,8 +22,8 @@ from pathlib import PurePath
 
 from .model import Trace
 
-_VLLM = re.compile(r"(?:^|[_./-])dp(\d+)_pp(\d+)_tp(\d+)_dcp(\d+)_ep(\d+)(?:_rank(\d+))?(?=[._-]|$)")
-_SGLANG = re.compile(r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?(?:-EP-(\d+))?(?=[._-]|$)")
+_VLLM = re.compile(r"(?:^|[_./-])dp(\d+)_pp(\d+)_tp(\d+)_dcp(\d+)_ep(\d+)(?:_rank(\d+))?(?=[._-]|$)", re.ASCII)  # ASCII digits only (a name's "٣" is no rank)
+_SGLANG = re.compile(r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?(?:-EP-(\d+))?(?=[._-]|$)", re.ASCII)
 
 
 @dataclass(frozen=True)

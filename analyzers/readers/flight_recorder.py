@@ -86,7 +86,7 @@ class RankDump:
     error: str | None = None  # the exception the rank failed with, where it wrote one
 
 
-_RANK = re.compile(r"(\d+)(?:\.fr)?(?:\.pkl|\.json|\.pickle)?$")
+_RANK = re.compile(r"(\d+)(?:\.fr)?(?:\.pkl|\.json|\.pickle)?$", re.ASCII)
 
 
 def rank_of(name: str) -> int | None:

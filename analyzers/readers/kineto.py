@@ -60,6 +60,7 @@ class _Trace(msgspec.Struct, gc=False):
     baseTimeNanoseconds: int = 0
     distributedInfo: msgspec.Raw = msgspec.Raw(b"null")
     commprobe: msgspec.Raw = msgspec.Raw(b"null")
+    host_name: msgspec.Raw = msgspec.Raw(b"null")
 
 def _twice(data: bytes, key: str) -> bool:
     """Whether the top-level object holds `key` more than once (msgspec keeps the last one
@@ -118,6 +119,7 @@ class _Columns:
     nbytes: int  # uncompressed input size
     corr: Callable[[np.ndarray], np.ndarray]  # only the correlation ids of those events (kernel launches)
     kinds: np.ndarray | None = None  # int8 per name: args_kind, where the reader already knows it
+    host_raw: bytes | None = None  # Kineto's top-level host_name (torch 2.x), raw JSON
 
 
 def _columns_native(path: Path) -> _Columns | None:
@@ -190,7 +192,7 @@ def _columns_native(path: Path) -> _Columns | None:
     for i in (i for i, r in enumerate(s.name_raw) if b"\\" in r):
         kinds[name_map[i]] = args_kind(names[name_map[i]])
     return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args,
-                    s.nbytes, corr, kinds)
+                    s.nbytes, corr, kinds, s.host_raw)
 
 
 def _columns_msgspec(path: Path, data: bytes) -> _Columns:
@@ -216,7 +218,8 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
     return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
                     name_id[keep], cat_id[keep], tid_id[keep], names, cats, top.baseTimeNanoseconds,
                     None if top.distributedInfo == b"null" else bytes(top.distributedInfo),
-                    None if top.commprobe == b"null" else bytes(top.commprobe), args, len(data), corr)
+                    None if top.commprobe == b"null" else bytes(top.commprobe), args, len(data), corr,
+                    host_raw=None if top.host_name == b"null" else bytes(top.host_name))
 
 
 def _decode_meta(raw: bytes | None):
@@ -273,4 +276,15 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
         arg_corr[launch_idx] = cols.corr(order[launch_idx])
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq, arg_corr,
                  cols.base_ns, dist, meta, cols.nbytes,
-                 extra={"identity": evidence(name, own, "distributedInfo" if own is not None else None)})
+                 extra={"identity": evidence(name, own, "distributedInfo" if own is not None else None,
+                                             host=_host_name(cols.host_raw))})
+
+
+def _host_name(raw: bytes | None) -> str | None:
+    """Kineto's top-level `host_name` (torch 2.x writes socket.gethostname()): the host the trace
+    was recorded on, where it is a plain name (anything else is no evidence)."""
+    try:
+        name = msgspec.json.decode(raw) if raw is not None else None
+    except msgspec.DecodeError:
+        return None
+    return name[:253] if isinstance(name, str) and name.strip() and "\n" not in name else None

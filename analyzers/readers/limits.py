@@ -56,6 +56,20 @@ def max_trace_bytes(streamed: bool = False) -> int:
     return avail * 2 if streamed else avail // 3
 
 
+def sql_seconds(nbytes: int) -> float:
+    """The longest one SQLite query of a reader may run on a database of `nbytes`: 5 s plus 1 s per
+    50 MB (a real export's largest query scans its kernel table at well over 100 MB/s here), so a
+    view or CTE that recurses forever is one line in seconds, never a run that does not end.
+    COMMPROBE_SQL_SECONDS sets it."""
+    env = os.environ.get("COMMPROBE_SQL_SECONDS")
+    if env:
+        try:
+            return max(0.01, float(env))
+        except ValueError:
+            raise TraceError(f"COMMPROBE_SQL_SECONDS={env[:40]!r} is not a number of seconds") from None
+    return 5.0 + nbytes / 50e6
+
+
 CHUNK = int(os.environ.get("COMMPROBE_CHUNK_BYTES") or 8 << 20)  # uncompressed bytes the scanner sees at a time
 
 

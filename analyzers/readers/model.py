@@ -109,7 +109,14 @@ class Trace:
         flags = np.fromiter(map(pred, self.names), bool, len(self.names))
         return flags[self.name_id[idx]] if len(self.names) else np.zeros(len(idx), bool)
 
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_RANK_IN_NAME = re.compile(r"rank[-_]?([0-9]+)", re.IGNORECASE)
+
+
+def ascii_number(text: str | None) -> int | None:
+    """A captured group as a number where it is one in ASCII digits, else None. str.isdigit() and
+    `\\d` also take other scripts' digits and superscripts ('²', whose int() raises; '٣', which
+    int() reads as 3): a rank or pid in a file name is written in ASCII."""
+    return int(text) if text and text.isascii() and text.isdigit() else None
 
 
 def rank_in_name(name: str) -> int | None:
@@ -122,7 +129,7 @@ def rank_in_name(name: str) -> int | None:
 # `<host>_<pid>` at the start of a file name: Nsight's `%h_%p` output pattern and torch.profiler's
 # default worker name (tensorboard_trace_handler: f"{socket.gethostname()}_{os.getpid()}"). Host names
 # hold no underscore (RFC 952/1123), so the first underscore ends the host.
-_HOST_PID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.-]{0,252})_(\d{1,10})(?=[._-]|$)")
+_HOST_PID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.-]{0,252})_([0-9]{1,10})(?=[._-]|$)")
 
 
 def host_pid_in_name(name: str) -> tuple[str | None, int | None]:

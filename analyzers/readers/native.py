@@ -51,6 +51,7 @@ class Scanned:
     base_ns: int
     dist_raw: bytes | None
     meta_raw: bytes | None
+    host_raw: bytes | None  # top-level host_name, raw JSON
     nbytes: int  # input bytes scanned
     fed: int  # bytes handed to the scanner in all (a cut unit is handed again with what follows)
 
@@ -251,7 +252,7 @@ def scan(source, hints: tuple[str, ...], max_token: int = MAX_TOKEN, max_rows: i
         flags = np.ctypeslib.as_array(lib.scan_name_flags(s), shape=(len(names),)).copy() if names else np.zeros(0, np.uint8)
         return Scanned(**cols, name_raw=names, name_flags=flags, cat_raw=_table(lib, s, 1, b'""'),
                        tid_raw=_table(lib, s, 2, b"0"), args=_arena(lib, s, 0) or b"", base_ns=int(lib.scan_base_ns(s)),
-                       dist_raw=_arena(lib, s, 1), meta_raw=_arena(lib, s, 2), nbytes=total, fed=fed)
+                       dist_raw=_arena(lib, s, 1), meta_raw=_arena(lib, s, 2), host_raw=_arena(lib, s, 3), nbytes=total, fed=fed)
     finally:
         lib.scan_close(s)
 

@@ -40,7 +40,7 @@ _PID = "((globalPid >> 24) & 16777215)"  # Serialized GlobalId: bits 24-39 are t
 _TPID = "((globalTid >> 24) & 16777215)"
 _NVTX_TPID = "((n.globalTid >> 24) & 16777215)"  # the same, on NVTX_EVENTS aliased n
 NVTX_RANGES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange (ENUM_NSYS_EVENT_TYPE)
-_THREAD_RANK = re.compile(r"\brank\s*[-_#]?\s*(\d+)", re.IGNORECASE)
+_THREAD_RANK = re.compile(r"\brank\s*[-_#]?\s*(\d+)", re.IGNORECASE | re.ASCII)
 # CUPTI memcpy kinds (ENUM_CUDA_MEMCPY_OPER in 3.x exports; fixed by CUPTI, so 2.x exports read alike)
 _COPY = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH", 10: "PtoP",
          11: "HtoD (unified)", 12: "DtoH (unified)", 13: "DtoD (unified)"}

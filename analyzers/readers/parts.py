@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .limits import BYTES_PER_EVENT, max_events
-from .model import Trace, TraceError, codes, evidence, rank_in_name, skipped_rows
+from .model import Trace, TraceError, ascii_number, codes, evidence, rank_in_name, skipped_rows
 from .native import Refused
 
 
@@ -26,10 +26,11 @@ def rank_for(path: Path, index: int, rank_from: str | None, from_process: int | 
     the order), else the order of first work."""
     if rank_from:
         m = re.search(rank_from, path.name)
-        if not m or not m.groups() or not (m.group(1) or "").isdigit():
-            raise TraceError(f"{path}: --rank-from {rank_from!r} does not match the file name with a number as "
-                             f"its first group")
-        return int(m.group(1)) + index, "--rank-from"
+        number = ascii_number(m.group(1)) if m and m.groups() else None
+        if number is None:
+            raise TraceError(f"{path}: --rank-from {rank_from[:80]!r} does not match the file name with a number in "
+                             f"ASCII digits as its first group")
+        return number + index, "--rank-from"
     if from_process is not None:
         return from_process, "the process's own rank"
     named = rank_in_name(path.name)

@@ -7,12 +7,14 @@ This is the SQLite formats' checked boundary: text that is not UTF-8 is decoded 
 range (NULL, text, a real, 1e300) are skipped and counted per table (model.count_skipped, said in
 the result's reader notes), never a TypeError in numpy; and every sqlite3 error of a reader's walk
 (a missing table, a view to nowhere, a malformed page) becomes one TraceError line naming the
-file (`boundary`)."""
+file (`boundary`). Every query runs against a deadline (`Bounded`, limits.sql_seconds): a view or
+recursive CTE that never ends is interrupted and named, in one line, like any other error."""
 
 from __future__ import annotations
 
 import re
 import sqlite3
+import time
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
@@ -24,8 +26,32 @@ from .model import TraceError, count_skipped, int64_row
 BATCH = 1 << 16
 
 
+class Bounded(sqlite3.Connection):
+    """A connection whose every query has `seconds` to finish: a progress handler, called every
+    few thousand SQLite VM steps (fetches included), interrupts the statement past its deadline;
+    each execute() starts a new one. The interrupt surfaces as sqlite3's 'interrupted', which `why`
+    turns into the line that names the bound (nothing else here interrupts a query)."""
+
+    seconds = 5.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deadline = time.monotonic() + self.seconds
+        self.set_progress_handler(self._late, 10_000)
+
+    def _late(self) -> int:
+        return 1 if time.monotonic() > self.deadline else 0
+
+    def execute(self, *args, **kwargs):
+        self.deadline = time.monotonic() + self.seconds
+        return super().execute(*args, **kwargs)
+
+
 def why(e: Exception) -> str:
     msg = str(e)
+    if "interrupted" in msg:
+        return (f"a query ran past {Bounded.seconds:.0f} s, the bound on one SQLite query (a view or recursive CTE "
+                f"that does not end?); COMMPROBE_SQL_SECONDS raises the bound")
     if "locked" in msg:
         return "the database is locked by another process"
     if "not a database" in msg or "malformed" in msg or "disk image" in msg:
@@ -36,10 +62,17 @@ def why(e: Exception) -> str:
 def open_readonly(path: Path) -> sqlite3.Connection:
     """Read-only; `immutable` only where the first try cannot open (a read-only directory has no
     room for a lock file), never to read past another process's lock."""
+    from .limits import sql_seconds
+
     last: Exception | None = None
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    Bounded.seconds = sql_seconds(size)
     for flags in ("mode=ro", "mode=ro&immutable=1"):
         try:
-            db = sqlite3.connect(f"file:{path.resolve()}?{flags}", uri=True, timeout=1.0)
+            db = sqlite3.connect(f"file:{path.resolve()}?{flags}", uri=True, timeout=1.0, factory=Bounded)
             db.text_factory = _text
             db.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return db

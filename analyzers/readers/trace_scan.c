@@ -50,9 +50,9 @@ typedef struct {
     int64_t *k_row, *k_off, *k_corr;
     int32_t *k_len;
     table_t names, cats, tids;
-    arena_t args, dist, meta;
+    arena_t args, dist, meta, host; /* host: Kineto's top-level "host_name" (torch 2.x), raw JSON */
     int64_t base_ns;
-    int32_t has_dist, has_meta;
+    int32_t has_dist, has_meta, has_host;
     int32_t state; /* 0 start, 1 object: key or '}', 2 events: event or ']', 3 object: ',' or '}', 4 done */
     int32_t bare, found, first, after_comma;
     char **hints; /* lower-case */
@@ -613,7 +613,7 @@ void scan_close(scan_t *s) {
     table_release(&s->names);
     table_release(&s->cats);
     table_release(&s->tids);
-    free(s->args.p); free(s->dist.p); free(s->meta.p);
+    free(s->args.p); free(s->dist.p); free(s->meta.p); free(s->host.p);
     for (int32_t i = 0; i < s->nhints; i++) free(s->hints[i]);
     free(s->hints);
     free(s);
@@ -669,13 +669,13 @@ int64_t scan_feed(scan_t *s, const char *buf, int64_t len, int32_t final) {
                 break;
             }
             if (c.p >= c.e && !final) { s->err = 1; s->err_pos = len; rc = -1; break; } /* may continue */
-            int dist = key_is(k, kn, "distributedInfo");
-            if (dist || key_is(k, kn, "commprobe")) {
-                arena_t *a = dist ? &s->dist : &s->meta;
+            int dist = key_is(k, kn, "distributedInfo"), host = key_is(k, kn, "host_name");
+            if (dist || host || key_is(k, kn, "commprobe")) {
+                arena_t *a = dist ? &s->dist : host ? &s->host : &s->meta;
                 if (c.p - v > s->max_token) { s->err = 5; s->err_pos = (int64_t)(v - c.b); return -1; }
                 a->n = 0;
                 if (arena_put(a, v, c.p - v) < 0) { s->err = 3; return -1; }
-                *(dist ? &s->has_dist : &s->has_meta) = 1;
+                *(dist ? &s->has_dist : host ? &s->has_host : &s->has_meta) = 1;
             }
             s->state = 3;
             break;
@@ -748,10 +748,10 @@ int64_t scan_table(scan_t *s, int32_t which, int64_t **off, int32_t **len, char 
 /* Per name (table 0), what its hints said: 0 none, 1 args kept, 2 correlation only. */
 uint8_t *scan_name_flags(scan_t *s) { return s->names.flag; }
 
-/* Raw arenas: 0 args, 1 distributedInfo, 2 commprobe (length -1: absent). */
+/* Raw arenas: 0 args, 1 distributedInfo, 2 commprobe, 3 host_name (length -1: absent). */
 char *scan_arena(scan_t *s, int32_t which, int64_t *len) {
-    arena_t *a = which == 0 ? &s->args : which == 1 ? &s->dist : &s->meta;
-    *len = which == 1 && !s->has_dist ? -1 : which == 2 && !s->has_meta ? -1 : a->n;
+    arena_t *a = which == 0 ? &s->args : which == 1 ? &s->dist : which == 2 ? &s->meta : &s->host;
+    *len = which == 1 && !s->has_dist ? -1 : which == 2 && !s->has_meta ? -1 : which == 3 && !s->has_host ? -1 : a->n;
     return a->p;
 }
 

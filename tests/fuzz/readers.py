@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
 import random
 import shutil
@@ -107,7 +108,8 @@ def mutate_sqlite(seed: Path, out: Path, rng: random.Random) -> str:
                 done.append(f"drop {t}.{c}")
             else:
                 db.execute(f'DROP TABLE "{t}"')
-                db.execute(f'CREATE VIEW "{t}" AS SELECT * FROM nowhere_{rng.randint(0, 9)}')
+                for stmt in _hostile_view(t, cols, rng):
+                    db.execute(stmt)
                 done.append(f"view {t}")
                 tables.remove(t)
         except sqlite3.Error as e:  # a constraint, a column a view needs: the mutation is skipped
@@ -122,6 +124,23 @@ def mutate_sqlite(seed: Path, out: Path, rng: random.Random) -> str:
         out.write_bytes(bytes(data))
         done.append("pages")
     return ", ".join(done)
+
+
+def _hostile_view(table: str, cols: list[str], rng: random.Random) -> list[str]:
+    """The statements that put a view in a table's place: one of nothing that exists, a recursive
+    CTE that never ends (with the table's own columns, so every reader's query gets past its column
+    checks), one that ends after a million rows, or a view of itself through another (circular)."""
+    sel = ", ".join(f'x AS "{c}"' for c in cols) or "x"
+    kind = rng.randrange(4)
+    view = f'CREATE VIEW "{table}" AS '
+    if kind == 0:
+        return [view + f"SELECT * FROM nowhere_{rng.randint(0, 9)}"]
+    if kind == 1:
+        return [view + f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT {sel} FROM c"]
+    if kind == 2:
+        return [view + f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000) "
+                       f"SELECT {sel} FROM c"]
+    return [view + f'SELECT * FROM "{table}_again"', f'CREATE VIEW "{table}_again" AS SELECT * FROM "{table}"']
 
 
 def _hostile_json(rng: random.Random):
@@ -258,9 +277,15 @@ def names_case(rng: random.Random, d: Path) -> str:
     from commprobe.analyzers.readers.coordinates import in_name
     from commprobe.analyzers.readers.model import evidence
 
-    alphabet = "abcdp_tprank0123456789-._()[]\\+*?{}|^$:/\n\x00é "
+    # every Unicode digit class beside ASCII's: superscripts (No), other scripts' decimals (Nd),
+    # circled and fullwidth forms, a mathematical digit outside the BMP
+    alphabet = "abcdp_tprank0123456789-._()[]\\+*?{}|^$:/\n\x00é " + "²³¹٣५३①３𝟠⁰₂"
     names = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(3)]
     pattern = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) if rng.random() < 0.5 else None
+    if rng.random() < 0.3:  # a group that captures a digit of another class, as a user's pattern would
+        digit = rng.choice("²٣५①３𝟠₂7")
+        names = [f"rank{digit}_{n}" for n in names]
+        pattern = rng.choice(["(²)", r"(\d)", r"rank(.)", "(.)", r"(\d+)_", r"rank(\w)"])
     for n in names:
         in_name(n)
     try:
@@ -275,9 +300,18 @@ TARGETS = ("nsys", "rocpd", "rpd", "rocprof-json", "flight-recorder", "names")
 
 
 def run(target: str, n: int, seed: int, work: Path, seed_files: dict[str, Path] | None = None) -> Counter:
-    seed_files = seed_files or seeds(work)
-    rng = random.Random(f"{target}-{seed}")
-    seen: Counter = Counter()
-    for _ in range(n):
-        seen[check(target, rng, work, seed_files)] += 1
-    return seen
+    """n cases of `target`. A query's bound (COMMPROBE_SQL_SECONDS) is 1 s here, so that a view
+    that never ends costs a case 1 s, not the default's 5 (tests/test_hostile_readers.py holds the
+    default)."""
+    before = os.environ.get("COMMPROBE_SQL_SECONDS")
+    os.environ["COMMPROBE_SQL_SECONDS"] = before or "1"
+    try:
+        seed_files = seed_files or seeds(work)
+        rng = random.Random(f"{target}-{seed}")
+        seen: Counter = Counter()
+        for _ in range(n):
+            seen[check(target, rng, work, seed_files)] += 1
+        return seen
+    finally:
+        if before is None:
+            os.environ.pop("COMMPROBE_SQL_SECONDS", None)
