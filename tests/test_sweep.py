@@ -45,10 +45,41 @@ def test_missing_peer_is_reported_not_fatal():
     (["--op", "gather"], "unknown op 'gather'"),
     (["--min", "lots"], "not a size"),
     (["--min", "1M", "--max", "4K"], "need --min <= --max"),
+    (["--load", "-1"], "--load must be 0 or more"),
+    (["--backend", "dda-nap"], "unknown backend 'dda-nap'"),
 ])
 def test_bad_sweep_arguments(args, needle):
     r = run_cli("bench", "collectives", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _busy_processes() -> list[int]:
+    """Pids of the bench's competing busy processes (probe/bench/load.py) still alive."""
+    from pathlib import Path
+
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and b"end = time.monotonic()" in (d / "cmdline").read_bytes():
+                out.append(int(d.name))
+        except OSError:
+            pass
+    return out
+
+
+def test_sweep_under_load_names_it_and_leaves_nothing_running():
+    """`--load 1`: wait modes side by side beside one busy process, which the bench starts,
+    and stops when the sweep ends."""
+    from commprobe.probe.bench.load import busy_load
+
+    with busy_load(2, 30) as procs:  # the context manager itself: started, then gone
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)
+    r = run_cli("bench", "collectives", "--backend", "dda-futex,dda-spin,dda-adaptive", "--load", "1",
+                "--min", "4K", "--max", "64K", "--factor", "16", "--batches", "2")
+    assert r.returncode == 0, r.stderr
+    assert "beside 1 busy process" in r.stdout and "vs dda-futex" in r.stdout
+    assert r.stdout.count("dda-spin") >= 2 and not _busy_processes()
 
 
 def test_time_sharing_benchmark_rows():

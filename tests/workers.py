@@ -229,3 +229,28 @@ def dda_spin_choice() -> tuple[float, float]:
     sub.close()
     full.close()
     return out
+
+
+def dda_wait_modes_time_out(modes: list[str], timeout: float) -> list[tuple[str, float, str]]:
+    """Rank 1 sets up one DDA per wait mode, then never calls; rank 0 calls each in turn and
+    returns (mode, seconds until it gave up, error) for each: every mode must honour the deadline."""
+    import time
+
+    import torch.distributed as dist
+
+    from commprobe.collectives.dda import DDAComm, DDAError
+
+    comms = [DDAComm("tp", wait=m, timeout=timeout) for m in modes]
+    if dist.get_rank() != 0:
+        time.sleep(timeout * len(modes) + 2)
+        return []
+    out = []
+    for m, c in zip(modes, comms):
+        t0 = time.perf_counter()
+        try:
+            c.all_reduce(torch.ones(64))
+            err = ""
+        except DDAError as e:
+            err = str(e)
+        out.append((m, time.perf_counter() - t0, err))
+    return out

@@ -15,6 +15,7 @@ from commprobe.collectives.backends import process_group_backend
 from commprobe.common.host import shm_dir
 
 from ..launch import launch
+from .load import busy_load
 from .sweep import SweepConfig, sweep_rank
 
 PEER_SHM_PATTERNS = ("deepspeed_allreduce_buffer_*",)
@@ -29,10 +30,11 @@ def run_sweep(cfg: SweepConfig, world: int, *, timeout: float, workdir: Path,
     backend = process_group_backend(cfg.backends)
     before = _peer_files()
     try:
-        # capture_output: a peer library's log lines (DeepSpeed prints on stdout) go to the ranks'
-        # logs, so `--json` stdout stays one JSON document
-        return launch(sweep_rank, world, (cfg,), backend=backend, timeout=timeout, on_poll=on_poll,
-                      workdir=workdir, capture_output=True)[0]
+        with busy_load(cfg.load, timeout + 60):
+            # capture_output: a peer library's log lines (DeepSpeed prints on stdout) go to the ranks'
+            # logs, so `--json` stdout stays one JSON document
+            return launch(sweep_rank, world, (cfg,), backend=backend, timeout=timeout, on_poll=on_poll,
+                          workdir=workdir, capture_output=True)[0]
     finally:
         for f in _peer_files() - before:
             f.unlink(missing_ok=True)

