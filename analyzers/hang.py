@@ -1,20 +1,26 @@
-"""Hang forensics: which rank, which group, which collective, where — from the Flight Recorder
-records of every rank (readers/flight_recorder.py), one diagnosis per process group.
+"""Hang forensics: which rank, which group, which collective, where: from the Flight Recorder
+records of every rank (readers/flight_recorder.py), one finding per process group, ranked by cause
+(hang_cause.py: the root first, the groups blocked behind it as its consequences).
 
 Per group, collectives are matched across its ranks by their sequence number (the group's own
-counter, `collective_seq_id`; a host op's `Seq` in a Kineto trace is the same counter). The first
-sequence number where the ranks disagree or stop is the finding:
+counter, `collective_seq_id`; a host op's `Seq` in a Kineto trace is the same counter), and each
+rank's progress is read from its entries and its pg_status together (hang_records.progress: a
+trimmed ring is trimmed, not absent). The group's finding is at the first sequence number no rank
+completed (a rank's completion means every member took part):
 - `type_mismatch`, `size_mismatch`, `dtype_mismatch`: the ranks called different collectives, or
-  the same one with other sizes or element types, at one sequence number (the first such);
-- `missing_rank`: some ranks entered a collective that others never enqueued: the missing ranks
-  are where the run stopped (their stacks say where they are);
-- `stuck_in_transfer`: every rank entered and none completed: a peer or link fault, not the program;
+  the same one with other sizes or element types, at one sequence number (the first such); an
+  all-to-all's inputs differ by design, so only its totals must agree;
+- `device_stalled`: some ranks' records leave undone a collective their peers completed: their GPU
+  stopped completing work (the ranks that then never entered the next one are named too);
+- `missing_rank`: some ranks entered a collective that others never enqueued;
+- `stuck_in_transfer`: every rank entered and none completed (a peer or link fault only where
+  nothing before it holds any member: else a consequence);
+- `no_records`: ranks that left no records of the group, so whether they entered cannot be told;
 - `rank_died`: a rank left no records (it died); its own last error line where its log has one
   (gloo's "Received data size doesn't match expected size" makes it a `size_mismatch`).
 Each finding names the axis and the group's ranks, the op, the sequence number, the ranks
 concerned and each rank's stack line (file:line) where it waits; with NCCL's timings, who started
-last and how long the others waited. Groups come from the run's own record of which process group
-is which axis (our bundles), else the dumps' pg_config, else the ranks that recorded the group.
+last and how long the others waited.
 """
 
 from __future__ import annotations
@@ -25,106 +31,24 @@ from pathlib import Path
 
 from commprobe.common.bundle import FLIGHT_RECORDER, MANIFEST
 
+from .hang_cause import parted_at, pending_of, rank_by_cause
+from .hang_records import (
+    _by_seq,
+    _died_evidently,
+    _faulthandler_stack,
+    _index,
+    _last,
+    _last_words,
+    _main_stack,
+    _members,
+    _stack_of,
+    progress,
+    short,
+)
 from .readers.flight_recorder import DumpError, RankDump, load_dir, load_dump
 
-SCHEMA = "commprobe.hang/1"
-# Frames that are the plumbing of a collective, not where the program called it
-_PLUMBING_FILES = re.compile(r"(/|^)(torch|collectives|threading\.py|contextlib\.py)(/|$)|c10d_logger|/threading\.py$")
-_COMM_METHODS = frozenset({"all_reduce", "all_gather", "all_to_all", "send_recv", "send_recv_start", "barrier", "_timed",
-                           "wait", "__getattr__"})
+SCHEMA = "commprobe.hang/2"
 _GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
-_FH_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
-_FH_FRAME = re.compile(r'^  File "(.+)", line (\d+) in (.+)$')
-
-
-def _is_plumbing(frame: dict) -> bool:
-    f = str(frame.get("file") or frame.get("filename") or "")
-    if _PLUMBING_FILES.search(f):
-        return True
-    return bool(re.search(r"(/|^)probe/(run|faults)\.py$", f)) and frame.get("name") in _COMM_METHODS
-
-
-def where(frames: list[dict], innermost_first: bool) -> dict | None:
-    """The frame where the program waits: the innermost one that is not collective plumbing."""
-    order = frames if innermost_first else list(reversed(frames))
-    for f in order:
-        if not _is_plumbing(f):
-            return {"file": str(f.get("file") or f.get("filename")), "line": int(f.get("line") or f.get("lineno") or 0),
-                    "name": str(f.get("name", ""))}
-    return None
-
-
-def short(frame: dict | None) -> str:
-    if not frame:
-        return "?"
-    parts = Path(frame["file"]).parts
-    return f"{'/'.join(parts[-2:])}:{frame['line']}"
-
-
-def _main_stack(d: RankDump) -> dict | None:
-    main = next((s for s in d.stacks if s.get("main")), None)
-    return where(main["frames"], innermost_first=False) if main else None
-
-
-def _index(d: RankDump) -> dict:
-    """Per dump, built once: collective entries by group and sequence number, the groups its
-    entries name, and its pg_config by group name. Every group's diagnosis reads them, so a dump
-    of 20,000 groups is diagnosed in one pass over its entries, not one per group."""
-    idx = getattr(d, "_index", None)
-    if idx is None:
-        seqs: dict[str, dict[int, dict]] = {}
-        for e in d.entries:
-            if not e.get("is_p2p") and e["collective_seq_id"] >= 0:
-                seqs.setdefault(e["pg_name"], {})[e["collective_seq_id"]] = e
-        cfg = {}
-        for c in d.pg_config.values():
-            if isinstance(c, dict):
-                cfg.setdefault(str(c.get("name")), c)
-        idx = {"seqs": seqs, "pgs": {e["pg_name"] for e in d.entries}, "cfg": cfg}
-        d._index = idx
-    return idx
-
-
-def _ranks(v) -> list[int]:
-    try:
-        v = json.loads(v) if isinstance(v, str) else v
-    except (ValueError, RecursionError):
-        return []
-    return sorted(int(r) for r in v if isinstance(r, int) and not isinstance(r, bool)) if isinstance(v, list) else []
-
-
-def _members(pg: str, dumps: list[RankDump]) -> tuple[list[int], str | None]:
-    for d in dumps:
-        g = d.groups.get(pg)
-        if g:
-            return _ranks(g["ranks"]), g.get("axis")
-    for d in dumps:
-        cfg = _index(d)["cfg"].get(pg)
-        if cfg is not None:
-            ranks = _ranks(cfg.get("ranks"))
-            if ranks:
-                return ranks, None
-    return sorted(d.rank for d in dumps if pg in _index(d)["pgs"]), None
-
-
-def _completed(e: dict) -> bool:
-    return bool(e.get("retired")) or e.get("state") == "completed"
-
-
-def _by_seq(d: RankDump, pg: str) -> dict[int, dict]:
-    return _index(d)["seqs"].get(pg, {})
-
-
-def _stack_of(d: RankDump, entry: dict | None) -> dict | None:
-    """Where a rank waits: its live stack when it was dumped, else the frames recorded with the entry."""
-    live = _main_stack(d)
-    if live:
-        return live
-    if entry and entry.get("frames"):
-        return where(entry["frames"], innermost_first=True)
-    return None
-
-
 def _finding(kind, pg, axis, members, seq, op, concerned, missing, stacks, summary, **extra) -> dict:
     return {"kind": kind, "group": pg, "axis": axis, "ranks": members, "seq": seq, "op": op, "concerned": concerned,
             "missing": missing, "stacks": {str(r): s for r, s in sorted(stacks.items())}, "summary": summary, **extra}
@@ -134,72 +58,116 @@ def _label(axis: str | None, op: str) -> str:
     return f"{axis.upper()} {op}" if axis and axis != "world" else op
 
 
+_ALL_TO_ALL = re.compile(r"all_?to_?all|alltoall", re.IGNORECASE)
+
+
+def _numel(sizes) -> int:
+    n = 0
+    for shape in sizes if isinstance(sizes, list) else []:
+        k = 1
+        for x in shape:
+            k *= max(int(x), 0)
+        n += k
+    return n
+
+
+def _mismatch(pg, axis, members, group, have, seqs, by_rank) -> list[dict]:
+    """Different calls at one sequence number (the first one where they differ). An all-to-all's
+    inputs differ by design (MoE dispatch: each rank sends what its tokens routed); only its op,
+    element type and the group's totals (what all send = what all receive) must agree."""
+    common = sorted(set.intersection(*(set(s) for s in seqs.values()))) if len(seqs) > 1 else []
+    for s in common:
+        es = {r: seqs[r][s] for r in have}
+        a2a = all(_ALL_TO_ALL.search(e["op"]) for e in es.values())
+        for key, kind in (("op", "type_mismatch"), ("input_sizes", "size_mismatch"), ("input_dtypes", "dtype_mismatch")):
+            if key == "input_sizes" and a2a:
+                if set(have) != set(members):
+                    continue  # a total needs every member's sizes
+                sent = sum(_numel(e["input_sizes"]) for e in es.values())
+                got = sum(_numel(e["output_sizes"]) for e in es.values())
+                if sent == got or not got:
+                    continue
+                vals = {r: [e["input_sizes"], e["output_sizes"]] for r, e in es.items()}
+                what = f"the group sends {sent:,} elements in all and receives {got:,}"
+            else:
+                vals = {r: e.get(key) for r, e in es.items()}
+                if len({json.dumps(v) for v in vals.values()}) <= 1:
+                    continue
+                what = ("ranks disagree on " + ("the op" if key == "op" else key.replace("input_", "input ")) + ": "
+                        + ", ".join(f"rank {r}: {v}" for r, v in vals.items()))
+            stacks = {r: _stack_of(by_rank[r], es[r]) for r in have}
+            return [_finding(kind, pg, axis, members, s, es[have[0]]["op"], sorted(vals), [], stacks,
+                             f"{_label(axis, es[have[0]]['op'])} seq {s} ({group}): {what}",
+                             values={str(r): v for r, v in vals.items()})]
+    return []
+
+
+def _at(ranks: list[int], stacks: dict, verb: str) -> str:
+    """'rank 4 waits in it at a.py:3, ranks 0, 1, 7 wait in it at b.py:9': ranks grouped by place."""
+    by: dict[str, list[int]] = {}
+    for r in ranks:
+        by.setdefault(short(stacks.get(r)), []).append(r)
+    one, many = verb.split("|")
+    return ", ".join(f"rank {rs[0]} {one} at {w}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))} {many} at {w}"
+                     for w, rs in by.items())
+
+
+def _op_at(seqs: dict[int, dict[int, dict]], s: int, ranks) -> str:
+    return next((seqs[r][s]["op"] for r in ranks if s in seqs[r]), "?")
+
+
 def _group_findings(pg: str, dumps: list[RankDump], logs: dict[int, str]) -> list[dict]:
     members, axis = _members(pg, dumps)
     by_rank = {d.rank: d for d in dumps}
     have = [r for r in members if r in by_rank and by_rank[r].records]
     seqs = {r: _by_seq(by_rank[r], pg) for r in have}
     group = f"group {members}"
-    # 1. different calls at one sequence number (the first one where they differ)
-    common = sorted(set.intersection(*(set(s) for s in seqs.values()))) if len(seqs) > 1 else []
-    for s in common:
-        es = {r: seqs[r][s] for r in have}
-        for key, kind in (("op", "type_mismatch"), ("input_sizes", "size_mismatch"), ("input_dtypes", "dtype_mismatch")):
-            vals = {r: e.get(key) for r, e in es.items()}
-            if len({json.dumps(v) for v in vals.values()}) > 1:
-                stacks = {r: _stack_of(by_rank[r], es[r]) for r in have}
-                what = ", ".join(f"rank {r}: {v}" for r, v in vals.items())
-                return [_finding(kind, pg, axis, members, s, es[have[0]]["op"], sorted(vals), [], stacks,
-                                 f"{_label(axis, es[have[0]]['op'])} seq {s} ({group}): ranks disagree on "
-                                 f"{'the op' if key == 'op' else key.replace('input_', 'input ')}: {what}",
-                                 values={str(r): v for r, v in vals.items()})]
-    # 2. the first collective some rank entered and did not complete
-    stuck = [min((q for q, e in sq.items() if not _completed(e)), default=None) for sq in seqs.values()]
-    stuck = [q for q in stuck if q is not None]
+    found = _mismatch(pg, axis, members, group, have, seqs, by_rank)
+    if found:
+        return found
+    prog = {r: progress(by_rank[r], pg) for r in have}
+    known = [r for r in have if prog[r][0] is not None and prog[r][1] is not None]
     dead = [r for r in members if r not in have and _died_evidently(by_rank.get(r), logs.get(r, ""))]
-    absent = [r for r in members if r not in have and r not in dead]
+    absent = [r for r in members if r not in known and r not in dead]
+    c_max = max((prog[r][1] for r in known), default=-1)
+    s = c_max + 1  # the first sequence number no rank completed: any rank's completion means all took part
+    entered = [r for r in known if prog[r][0] >= s]
     if dead:  # a rank died: where the others were then, and what its own log says
-        s = min(stuck) if stuck else max((max(sq) for sq in seqs.values() if sq), default=None)
-        op = next((sq[s]["op"] for sq in seqs.values() if s in sq), None)
-        stacks = {r: _stack_of(by_rank[r], seqs[r].get(s)) for r in have}
-        out = []
-        for r in dead:
-            stacks[r] = _main_stack(by_rank[r]) if r in by_rank else None
-            stacks[r] = stacks[r] or _faulthandler_stack(logs.get(r, ""))
-            size = _GLOO_SIZE.search(logs.get(r, ""))
-            waits = "; ".join(f"rank {e} was in it at {short(stacks.get(e))}" for e in have if s in seqs[e])
-            if size and s is not None:
-                out.append(_finding("size_mismatch", pg, axis, members, s, op, sorted([*have, r]), [], stacks,
-                                    f"{_label(axis, op)} seq {s} ({group}): rank {r} called it with another size and "
-                                    f"died at {short(stacks[r])} (its log, gloo: {size.group(1)} vs {size.group(2)} "
-                                    f"bytes, received vs expected){'; ' + waits if waits else ''}",
-                                    evidence=size.group(0)))
-            else:
-                out.append(_died(pg, axis, members, r, stacks[r], logs.get(r) or (by_rank[r].error if r in by_rank else ""),
-                                 s, op, waits))
-        return out
-    if not stuck:
-        return []
-    s = min(stuck)
-    entered = [r for r in have if s in seqs[r]]
-    missing = [r for r in have if s not in seqs[r] and max(seqs[r], default=-1) < s]
-    op = seqs[entered[0]][s]["op"] if entered else "?"
-    stacks = {r: _stack_of(by_rank[r], seqs[r].get(s)) for r in have}
+        return _dead_findings(pg, axis, members, group, dead, have, seqs, by_rank, logs,
+                              s if entered else max((max(sq) for sq in seqs.values() if sq), default=None))
+    # ranks whose own records leave undone what a peer completed: their device stopped completing work
+    lagging = {r: prog[r][1] + 1 for r in known if prog[r][1] < c_max}
+    missing = [r for r in known if prog[r][0] < s]
+    if not entered:
+        if not lagging:
+            return []
+        q = min(lagging.values())
+        return [_stalled_finding(pg, axis, members, group, q, _op_at(seqs, q, known), lagging, [], [], c_max,
+                                 {r: _stack_of(by_rank[r], seqs[r].get(lagging.get(r, s))) for r in have},
+                                 _op_at(seqs, q, known))]
+    op = _op_at(seqs, s, entered)
+    stacks = {r: _stack_of(by_rank[r], seqs[r].get(s, seqs[r].get(lagging.get(r, -1))) or _last(by_rank[r]))
+              for r in have}
+    waits = _at([r for r in entered if r not in lagging], stacks, "waits in it|wait in it")
+    if lagging:
+        first = min(lagging.values())
+        return [_stalled_finding(pg, axis, members, group, s, op, lagging, missing, entered, c_max, stacks,
+                                 _op_at(seqs, first, known))]
     if absent and not missing:
-        waits = ", ".join(f"rank {r} waits in it at {short(stacks.get(r))}" for r in entered)
         return [_finding("no_records", pg, axis, members, s, op, entered, absent, stacks,
                          f"{_label(axis, op)} seq {s} ({group}) did not complete: {waits}; rank(s) "
-                         f"{', '.join(map(str, absent))} left no Flight Recorder records, so whether they entered it "
-                         f"cannot be told")]
+                         f"{', '.join(map(str, absent))} left no Flight Recorder records of it, so whether they "
+                         f"entered it cannot be told")]
     if missing:
-        waits = ", ".join(f"rank {r} waits in it at {short(stacks.get(r))}" for r in entered)
-        at = ", ".join(f"rank {r} is at {short(stacks.get(r))}" for r in missing)
+        live = [r for r in missing if _main_stack(by_rank[r])]
+        at = ", ".join(x for x in (_at(live, stacks, "is|are"), _at([r for r in missing if r not in live], stacks,
+                                   "last called a collective|last called a collective")) if x)
         who = "rank" if len(missing) == 1 else "ranks"
         return [_finding("missing_rank", pg, axis, members, s, op, entered, missing, stacks,
                          f"{who} {', '.join(map(str, missing))} never entered {_label(axis, op)} seq {s} ({group}); "
                          f"{waits}; {at}")]
     extra = {}
-    started = {r: seqs[r][s].get("time_discovered_started_ns") for r in entered}
+    started = {r: seqs[r][s].get("time_discovered_started_ns") for r in entered if s in seqs[r]}
     if all(isinstance(v, int) and v > 0 for v in started.values()) and len(started) > 1:
         last = max(started, key=started.get)
         extra = {"started_last": last, "waited_s": {str(r): (started[last] - t) / 1e9 for r, t in started.items()}}
@@ -209,41 +177,46 @@ def _group_findings(pg: str, dumps: list[RankDump], logs: dict[int, str]) -> lis
                      **extra)]
 
 
-_FATAL = ("Fatal Python error", "terminate called", "Traceback (most recent call last)")
+def _stalled_finding(pg, axis, members, group, s, op, lagging, missing, entered, c_max, stacks, first_op) -> dict:
+    """Ranks whose records leave undone collectives their peers completed: the collective did
+    complete (no rank completes one the others did not take part in), so their device stopped
+    completing work after running it, or their watchdog stopped seeing it."""
+    ranks = sorted(lagging)
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    first = min(lagging.values())
+    peers = [r for r in members if r not in lagging and r in stacks]
+    text = (f"{who} stopped completing GPU work: {_label(axis, first_op)} seq {first} ({group}) is "
+            f"not completed in {'its' if len(ranks) == 1 else 'their'} records though rank(s) "
+            f"{', '.join(map(str, peers)) or '?'} completed through seq {c_max}")
+    if missing:
+        text += (f"; {who if set(missing) == set(ranks) else 'rank(s) ' + ', '.join(map(str, missing))} never "
+                 f"entered {_label(axis, op)} seq {s}")
+    waits = [r for r in entered if r not in lagging]
+    if waits:
+        text += "; " + _at(waits, stacks, "waits in it|wait in it")
+    return _finding("device_stalled", pg, axis, members, s if missing or waits else first, op, waits, sorted(missing),
+                    stacks, text, stalled={str(r): q for r, q in sorted(lagging.items())}, completed_through=c_max)
 
 
-def _died_evidently(d: RankDump | None, log: str) -> bool:
-    """A rank without records died only if it says so: the exception it dumped on its way out, or
-    a fatal error in its log. A rank that merely did not dump is absent, not dead."""
-    return bool(d is not None and d.error) or any(s in log for s in _FATAL)
-
-
-def _last_words(log: str | None) -> str:
-    """The line of a dead rank's log that says why: a C++ `what():`, else the last error line."""
-    lines = [ln.strip() for ln in (log or "").splitlines() if ln.strip()]
-    for pick in (lambda ln: ln.startswith("what():"), lambda ln: "Error" in ln or "error" in ln):
-        found = [ln for ln in lines if pick(ln)]
-        if found:
-            return found[-1][:240]
-    return lines[-1][:240] if lines else ""
-
-
-def _faulthandler_stack(log: str) -> dict | None:
-    """Where a rank killed by a signal was: Python's faulthandler wrote every thread's frames to its
-    log (most recent call first); the thread that is not our dump watcher."""
-    blocks, cur = [], None
-    for ln in log.splitlines():
-        if _FH_THREAD.match(ln):
-            cur = []
-            blocks.append(cur)
-        elif cur is not None and (m := _FH_FRAME.match(ln)):
-            cur.append({"file": m.group(1), "line": int(m.group(2)), "name": m.group(3)})
-        elif cur is not None and ln.strip():
-            cur = None
-    for frames in blocks:
-        if frames and not any(f["file"].endswith("forensics.py") for f in frames):
-            return where(frames, innermost_first=True)
-    return None
+def _dead_findings(pg, axis, members, group, dead, have, seqs, by_rank, logs, s) -> list[dict]:
+    op = next((sq[s]["op"] for sq in seqs.values() if s in sq), None) if s is not None else None
+    stacks = {r: _stack_of(by_rank[r], seqs[r].get(s)) for r in have}
+    out = []
+    for r in dead:
+        stacks[r] = _main_stack(by_rank[r]) if r in by_rank else None
+        stacks[r] = stacks[r] or _faulthandler_stack(logs.get(r, ""))
+        size = _GLOO_SIZE.search(logs.get(r, ""))
+        waits = "; ".join(f"rank {e} was in it at {short(stacks.get(e))}" for e in have if s in seqs[e])
+        if size and s is not None:
+            out.append(_finding("size_mismatch", pg, axis, members, s, op, sorted([*have, r]), [], stacks,
+                                f"{_label(axis, op)} seq {s} ({group}): rank {r} called it with another size and "
+                                f"died at {short(stacks[r])} (its log, gloo: {size.group(1)} vs {size.group(2)} "
+                                f"bytes, received vs expected){'; ' + waits if waits else ''}",
+                                evidence=size.group(0)))
+        else:
+            out.append(_died(pg, axis, members, r, stacks[r], logs.get(r) or (by_rank[r].error if r in by_rank else ""),
+                             s, op, waits))
+    return out
 
 
 def _died(pg, axis, members, r, stack: dict | None, log: str | None, seq=None, op=None, waits: str = "") -> dict:
@@ -254,13 +227,25 @@ def _died(pg, axis, members, r, stack: dict | None, log: str | None, seq=None, o
                     + (f"; its last words: {words}" if words else "") + (f"; {waits}" if waits else ""))
 
 
+def _as_consequence(f: dict) -> None:
+    """A consequence's words say what holds it, not a cause of its own."""
+    b = f["blocked_by"]
+    if f["kind"] == "stuck_in_transfer":
+        f["summary"] = f["summary"].replace(": a peer or link fault, not the program", "")
+    how = "held" if f.get("certain", True) else ("probably held (through a send or recv whose completion its records "
+                                                 "do not keep)")
+    f["summary"] += f"; {how} behind {b['op']} seq {b['seq']} of group {b['ranks']} ({b['kind']}, the root above)"
+
+
 def diagnose(dumps: list[RankDump], logs: dict[int, str] | None = None, source: str = "") -> dict:
-    """The findings over all ranks' records, per process group (JSON schema commprobe.hang/1)."""
+    """The findings over all ranks' records (JSON schema commprobe.hang/2): the root causes first,
+    ordered by when the ranks parted, each with the groups blocked behind it as `consequences`."""
     logs = logs or {}
     if not dumps:
         raise DumpError(f"{source}: no Flight Recorder dumps")
     _check_one_job(dumps, source)
-    pgs = sorted({e["pg_name"] for d in dumps for e in d.entries}, key=lambda p: (len(p), p))
+    pgs = sorted({e["pg_name"] for d in dumps for e in d.entries} | {pg for d in dumps for pg in _index(d)["status"]},
+                 key=lambda p: (len(p), p))
     findings, groups = [], {}
     for pg in pgs:
         members, axis = _members(pg, dumps)
@@ -270,13 +255,19 @@ def diagnose(dumps: list[RankDump], logs: dict[int, str] | None = None, source: 
         for d in dumps:
             if _died_evidently(d, logs.get(d.rank, "")):
                 findings.append(_died("?", None, [], d.rank, _main_stack(d), logs.get(d.rank) or d.error))
+    members = {pg: g["ranks"] for pg, g in groups.items()}
+    pending = {d.rank: pending_of(d, members) for d in dumps if d.records}
+    roots = rank_by_cause(findings, pending, {id(f): parted_at(f, dumps) for f in findings})
+    for r in roots:
+        for c in r["consequences"]:
+            _as_consequence(c)
     notes = []
     ranks = [d.rank for d in dumps if d.records]
     expected = sorted({r for g in groups.values() for r in g["ranks"]})
     absent = [r for r in expected if r not in ranks]
     if absent:
         notes.append(f"no records from rank(s) {absent}: a partial answer from ranks {ranks}")
-    return {"schema": SCHEMA, "source": source, "ranks": ranks, "groups": groups, "findings": findings, "notes": notes}
+    return {"schema": SCHEMA, "source": source, "ranks": ranks, "groups": groups, "findings": roots, "notes": notes}
 
 
 def _check_one_job(dumps: list[RankDump], source: str) -> None:

@@ -178,6 +178,77 @@ def check_all(path) -> list[str]:
     return check(result, Path(path)) + check_waits(result, calls, waits)
 
 
+def _raw_dumps(directory: Path) -> dict[int, dict]:
+    """Each rank's dump read plainly (json, or pickle of a file the caller trusts: its own test files),
+    keyed by the trailing number of the file name."""
+    import pickle
+    import re
+
+    out = {}
+    for p in sorted(directory.iterdir()):
+        m = re.search(r"(\d+)(?:\.fr)?(?:\.pkl|\.json)?$", p.name)
+        if not p.is_file() or not m or p.name.endswith((".stacks.json", ".groups.json", ".log")):
+            continue
+        data = p.read_bytes()
+        try:
+            doc = pickle.loads(data) if data[:1] == b"\x80" else json.loads(data)
+        except Exception:  # noqa: BLE001 - not a dump
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("entries"), list):
+            out[int(m.group(1))] = doc
+    return out
+
+
+def _raw_progress(doc: dict, pg: str) -> tuple[int, int]:
+    """(last enqueued, last completed) in a group from one raw dump: its entries' sequence numbers
+    and states, and its pg_status (keyed by pg_id), whichever says more."""
+    ids = {str(e.get("pg_id")) for e in doc["entries"] if e.get("process_group", [None])[0] == pg}
+    enq = comp = 0
+    for e in doc["entries"]:
+        if e.get("process_group", [None])[0] == pg and not e.get("is_p2p"):
+            enq = max(enq, int(e["collective_seq_id"]))
+            if e.get("retired") or e.get("state") == "completed":
+                comp = max(comp, int(e["collective_seq_id"]))
+    for k, st in (doc.get("pg_status") or {}).items():
+        if k in ids or (not ids and k == pg):
+            enq = max(enq, int(st.get("last_enqueued_collective", 0)))
+            comp = max(comp, int(st.get("last_completed_collective", 0)))
+    return enq, max(comp, 0)
+
+
+def check_hang(result: dict, directory: Path) -> list[str]:
+    """A hang diagnosis against the raw dumps: the root causes come first, every consequence names a
+    root; a rank named missing at a sequence number holds no record of it; a rank named stalled left
+    undone what a peer completed; 'none completed' is said only where no member completed it; an
+    all-to-all is never a size mismatch while what the group sends equals what it receives."""
+    bad = []
+    raw = _raw_dumps(directory)
+    roots = result["findings"]
+    keys = {(f["group"], f["seq"]) for f in roots}
+    for f in roots:
+        if f.get("role") not in ("root", None):
+            bad.append(f"{f['group']} seq {f['seq']}: listed among the roots as a {f.get('role')}")
+        for c in f.get("consequences", ()):
+            if c.get("role") != "consequence" or (c["blocked_by"]["group"], c["blocked_by"]["seq"]) not in keys:
+                bad.append(f"{c['group']} seq {c['seq']}: a consequence without its root")
+    for f in [x for r in roots for x in (r, *r.get("consequences", ()))]:
+        pg, s = f["group"], f["seq"]
+        prog = {r: _raw_progress(raw[r], pg) for r in f["ranks"] if r in raw}
+        for m in f["missing"]:
+            if f["kind"] in ("missing_rank", "device_stalled") and m in prog and prog[m][0] >= s:
+                bad.append(f"group {f['ranks']} seq {s}: rank {m} named missing, its records hold seq {prog[m][0]}")
+        for r, q in f.get("stalled", {}).items():
+            done = max((c for _, c in prog.values()), default=0)
+            if int(r) in prog and (prog[int(r)][1] >= q or done < q):
+                bad.append(f"group {f['ranks']}: rank {r} named stalled at seq {q}: it completed "
+                           f"{prog[int(r)][1]}, its peers {done}")
+        if f["kind"] == "stuck_in_transfer" and any(c >= s for _, c in prog.values()):
+            bad.append(f"group {f['ranks']} seq {s}: 'none completed', yet a member completed it")
+        if f["kind"] == "size_mismatch" and "all_to_all" in str(f["op"]) and "receives" not in f["summary"]:
+            bad.append(f"group {f['ranks']} seq {s}: an all-to-all called a size mismatch by its uneven inputs")
+    return bad
+
+
 def _raw_inside(rank: dict, raw: Path, origin_ns: int) -> list[str]:
     """The share of device work (else host ops) inside the rank's windows, counted from the raw JSON."""
     opener = gzip.open if raw.name.endswith(".gz") else open

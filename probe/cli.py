@@ -319,7 +319,7 @@ def capture(
 @app.command()
 def hang(
     path: str = typer.Argument(..., help="A run bundle, or a directory of Flight Recorder dumps (one file per rank)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (schema commprobe.hang/1)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (schema commprobe.hang/2)."),
 ) -> None:
     """Why a run hung: which rank, group, collective and sequence number, and where each rank waits."""
     from commprobe.analyzers.hang import analyze_hang

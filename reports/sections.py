@@ -133,14 +133,15 @@ def engine_phases_section(result: dict) -> str:
 
 
 def hang_section(hang: dict | None) -> str:
-    """A hang's findings (commprobe.hang/1), first on the page: the run did not finish."""
+    """A hang's findings (commprobe.hang/2), first on the page: the run did not finish."""
     if not hang:
         return ""
     rows = []
-    for f in hang["findings"]:
+    for f in [x for root in hang["findings"] for x in (root, *root.get("consequences", ()))]:
         stacks = "<br>".join(f"rank {esc(r)}: <code>{esc(s['file'])}:{s['line']}</code> ({esc(s['name'])})" if s
                              else f"rank {esc(r)}: ?" for r, s in f["stacks"].items())
-        rows.append(f"<tr><td><b>{esc(f['kind'])}</b></td><td>{esc(f['axis'] or '')} group {esc(f['ranks'])}</td>"
+        role = "root cause" if f.get("role", "root") == "root" else "consequence"
+        rows.append(f"<tr class=\"{role.replace(' ', '-')}\"><td><b>{esc(f['kind'])}</b> ({role})</td><td>{esc(f['axis'] or '')} group {esc(f['ranks'])}</td>"
                     f"<td>{esc(f['op'] or '')}</td><td>{esc(f['seq'] if f['seq'] is not None else '')}</td>"
                     f"<td>{esc(f['summary'])}</td><td>{stacks}</td></tr>")
     notes = "".join(f"<li>{esc(n)}</li>" for n in hang.get("notes", []))

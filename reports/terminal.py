@@ -177,21 +177,34 @@ def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
 
 
 def render_hang(result: dict, console: Console) -> None:
-    """The hang diagnosis (commprobe.hang/1): findings first, one table row per rank's stack."""
+    """The hang diagnosis (commprobe.hang/2): the root cause is the first line; each root's
+    stacks, then the groups blocked behind it, one line each."""
+    roots = result["findings"]
+    if roots:
+        f = roots[0]
+        console.print(f"[bold red]root cause ({escape(f['kind'])})[/]: {escape(f['summary'])}", highlight=False)
     console.print(f"[bold]commprobe hang[/]: {escape(result['source'])} (records of ranks "
                   f"{', '.join(map(str, result['ranks'])) or 'none'})", highlight=False)
-    if not result["findings"]:
+    if not roots:
         console.print("[green]no finding: every group's ranks agree and none is stuck in a collective[/]")
-    for f in result["findings"]:
-        console.print(f"[bold red]{escape(f['kind'])}[/]: {escape(f['summary'])}", highlight=False)
+    for i, f in enumerate(roots):
+        if i:
+            console.print(f"[bold red]another root ({escape(f['kind'])})[/]: {escape(f['summary'])}", highlight=False)
         table = Table(show_header=True, header_style="bold", box=None)
         for col in ("rank", "role", "where (file:line, function)"):
             table.add_column(col)
         for r, s in f["stacks"].items():
-            role = "missing" if int(r) in f["missing"] else "waits" if int(r) in f["concerned"] else ""
+            role = ("stalled" if r in f.get("stalled", {}) else "missing" if int(r) in f["missing"]
+                    else "waits" if int(r) in f["concerned"] else "")
             at = f"{s['file']}:{s['line']} ({s['name']})" if s else "?"
             table.add_row(r, role, escape(at))
         console.print(table)
+        cons = f.get("consequences", [])
+        if cons:
+            console.print(f"  {len(cons)} group(s) blocked behind it (consequences, not causes):", highlight=False)
+        for c in cons:
+            console.print(f"  - {escape(c['kind'])} {escape(c['axis'] or '')} group {c['ranks']}: "
+                          f"{escape(c['summary'])}", highlight=False)
     for n in result.get("notes", ()):
         console.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
 

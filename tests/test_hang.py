@@ -15,6 +15,15 @@ from pathlib import Path
 from commprobe.analyzers.hang import analyze_hang
 from tests.conftest import ROOT, assert_one_line_exit_2, run_cli
 
+def _invariants():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("invariants", ROOT / "bench" / "invariants.py")
+    inv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inv)
+    return inv
+
+
 FAST = ["--preset", "tiny", "--steps", "4", "--repeats", "2", "--prompt-len", "16", "--timeout", "25"]
 
 
@@ -44,6 +53,7 @@ def test_a_hung_rank_is_found_missing_with_its_group_seq_and_stack_lines(tmp_pat
     assert not last0["retired"] and last0["collective_seq_id"] not in seqs1
     op, seq = last0["profiling_name"].split(":")[1], last0["collective_seq_id"]
     res = analyze_hang(out)
+    assert _invariants().check_hang(res, out / "flight_recorder") == []
     (f,) = res["findings"]
     assert (f["kind"], f["seq"], f["op"], f["missing"], f["concerned"], f["ranks"], f["axis"]) == \
         ("missing_rank", seq, op, [1], [0], [0, 1], "tp")
@@ -57,7 +67,7 @@ def test_a_hung_rank_is_found_missing_with_its_group_seq_and_stack_lines(tmp_pat
     h = run_cli("hang", str(out))
     assert h.returncode == 0 and "missing_rank" in h.stdout
     doc = json.loads(run_cli("hang", str(out), "--json").stdout)
-    assert doc["schema"] == "commprobe.hang/1" and doc["findings"] == res["findings"]
+    assert doc["schema"] == "commprobe.hang/2" and doc["findings"] == res["findings"]
 
 
 def test_a_collective_type_mismatch(tmp_path):
@@ -95,8 +105,11 @@ def test_four_ranks_tp_by_cp_a_hung_rank_in_its_own_groups(tmp_path):
             "cp": [row["rank"] for row in layout if row["cp_group"] == layout[3]["cp_group"]],
             "world": [0, 1, 2, 3]}
     res = analyze_hang(out)
-    assert res["findings"] and all(f["missing"] == [3] for f in res["findings"] if f["kind"] == "missing_rank")
-    for f in res["findings"]:
+    assert _invariants().check_hang(res, out / "flight_recorder") == []  # torch's own records, read raw
+    (root,) = res["findings"]  # one cause (rank 3's host), the other groups behind it
+    assert root["missing"] == [3] and root["cause"] == "host"
+    assert all(c["missing"] == [3] for c in root["consequences"] if c["kind"] == "missing_rank")
+    for f in [root, *root["consequences"]]:
         assert f["kind"] == "missing_rank" and f["ranks"] == mine[f["axis"]], f
 
 
@@ -234,3 +247,111 @@ def test_dumps_are_found_by_content_whatever_their_prefix(tmp_path):
     assert res["ranks"] == [0, 1]
     (f,) = res["findings"]
     assert (f["kind"], f["seq"], f["started_last"]) == ("stuck_in_transfer", 2, 1)
+
+
+# --- a 16-rank NCCL MoE job (tests/fr_jobs.py: simulated, its truth from the simulation) -----------
+
+def _first_line(d: Path) -> str:
+    r = run_cli("hang", str(d))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()[0]
+
+
+def test_a_16_rank_job_whose_gpus_stop_completing_puts_them_first_with_the_rest_as_consequences(tmp_path):
+    from tests.fr_jobs import write_job
+
+    for i, (seed, as_json, stale) in enumerate(((0, False, False), (1, True, False), (2, False, True))):
+        d = tmp_path / f"job{i}"
+        t = write_job(d, "device", faulted=(5, 6), seed=seed, as_json=as_json, stale=stale)
+        res = analyze_hang(d)
+        root = res["findings"][0]
+        assert (root["kind"], root["group"], root["op"], root["seq"]) == ("device_stalled", t.group, t.op, t.seq)
+        assert root["missing"] == t.faulted and sorted(map(int, root["stalled"])) == t.faulted
+        assert root["completed_through"] == t.peers_completed
+        assert {int(r): q - 1 for r, q in root["stalled"].items()} == t.faulted_completed
+        # every other group is a consequence of it, none another root (no "link fault" among them)
+        assert len(res["findings"]) == 1 and root["consequences"]
+        assert all(c["role"] == "consequence" and "link fault" not in c["summary"] for c in root["consequences"])
+        first = _first_line(d)
+        assert first.startswith("root cause (device_stalled): ranks 5, 6 stopped completing GPU work")
+        assert f"never entered all_to_all seq {t.seq}" in first or "never entered" in run_cli("hang", str(d)).stdout
+
+
+def test_a_16_rank_job_whose_hosts_stop_names_them_missing_first_with_or_without_their_dumps(tmp_path):
+    from tests.fr_jobs import write_job
+
+    t = write_job(tmp_path / "host", "host", faulted=(5, 6), seed=3)
+    (root,) = analyze_hang(tmp_path / "host")["findings"]
+    assert (root["kind"], root["group"], root["seq"], root["missing"], root["cause"]) == \
+        ("missing_rank", t.group, t.seq, [5, 6], "host")
+    assert _first_line(tmp_path / "host").startswith(f"root cause (missing_rank): ranks 5, 6 never entered all_to_all "
+                                                     f"seq {t.seq}")
+    t = write_job(tmp_path / "gone", "host", faulted=(5, 6), seed=3, dumpless=True)
+    res = analyze_hang(tmp_path / "gone")
+    (root,) = res["findings"]
+    assert (root["kind"], root["group"], root["seq"], root["missing"]) == ("no_records", t.group, t.seq, [5, 6])
+    assert res["notes"] == ["no records from rank(s) [5, 6]: a partial answer from ranks "
+                            f"{[r for r in range(16) if r not in (5, 6)]}"]
+
+
+def test_uneven_all_to_all_is_not_a_mismatch_but_a_wrong_total_is(tmp_path):
+    """MoE dispatch sends what each rank's tokens routed: inputs differ by rank (4107/4034 rows of
+    5120, as in the real job); only what all send against what all receive must agree."""
+    d = tmp_path / "even"
+    a2a = [_entry(1, "all_to_all", sizes=((4107, 5120),)), _entry(1, "all_to_all", sizes=((4034, 5120),))]
+    a2a[0]["output_sizes"], a2a[1]["output_sizes"] = [[4034, 5120]], [[4107, 5120]]
+    _write(d, 0, _dump([a2a[0]]))
+    _write(d, 1, _dump([a2a[1]]))
+    assert analyze_hang(d)["findings"] == []
+    bad = tmp_path / "bad"
+    a2a[1]["output_sizes"] = [[4000, 5120]]
+    _write(bad, 0, _dump([a2a[0]]))
+    _write(bad, 1, _dump([a2a[1]]))
+    (f,) = analyze_hang(bad)["findings"]  # (4107 + 4034) x 5120 sent, (4034 + 4000) x 5120 received
+    assert f["kind"] == "size_mismatch" and "sends 41,681,920 elements in all and receives 41,134,080" in f["summary"]
+
+
+def test_pg_status_is_read_before_saying_none_completed(tmp_path):
+    """Two ranks whose entries still read 'scheduled' (a trimmed ring, states not updated): their
+    pg_status says rank 0 completed seq 3 and rank 1 seq 1, so rank 1's device is behind, not a link."""
+    d = tmp_path / "status"
+    for r, done in ((0, 3), (1, 1)):
+        doc = _dump([_entry(q, "all_reduce", state="scheduled") for q in (2, 3, 4)][: 3 if r == 0 else 2])
+        doc["pg_status"] = {"0": {"last_enqueued_collective": "4" if r == 0 else "3",
+                                  "last_started_collective": "-1", "last_completed_collective": str(done)}}
+        _write(d, r, doc, as_json=True)
+    (f,) = analyze_hang(d)["findings"]
+    assert (f["kind"], f["stalled"], f["completed_through"], f["missing"], f["seq"]) == \
+        ("device_stalled", {"1": 2}, 3, [1], 4)
+
+
+def test_the_hang_invariants_hold_over_built_jobs_and_fire_on_broken_results(tmp_path):
+    """bench/invariants.py check_hang, from the raw dumps: over 16-rank jobs of every fault (seeds,
+    trims, pickle and JSON, states kept or not), and it fires on a result altered to break it."""
+    import copy
+
+    from tests.fr_jobs import write_job
+
+    inv = _invariants()
+    for i in range(12):
+        d = tmp_path / f"j{i}"
+        t = write_job(d, ("device", "host")[i % 2], faulted=((5, 6), (9,), (12, 15))[i % 3], seed=i,
+                      as_json=i % 4 == 1, stale=i % 3 == 2, dumpless=i % 5 == 4, trim=((3, 43), (1, 5), (40, 90))[i % 3])
+        res = analyze_hang(d)
+        assert inv.check_hang(res, d) == [], i
+        root = res["findings"][0]  # the simulation's truth in the first finding
+        assert (root["group"], root["seq"], root["missing"]) == (t.group, t.seq, t.faulted), (i, root["summary"])
+    broken = copy.deepcopy(res)
+    root = broken["findings"][0]
+    root["missing"] = [r for r in root["ranks"] if r not in root["missing"]][:1]
+    assert any("named missing" in b for b in inv.check_hang(broken, d))
+    broken = copy.deepcopy(res)
+    broken["findings"][0]["consequences"][0]["blocked_by"]["seq"] = -7
+    assert any("without its root" in b for b in inv.check_hang(broken, d))
+
+
+def test_analyze_on_a_directory_of_dumps_points_at_hang(tmp_path):
+    from tests.fr_jobs import write_job
+
+    write_job(tmp_path / "dumps", "host", seed=1)
+    assert_one_line_exit_2(run_cli("analyze", str(tmp_path / "dumps")), "commprobe hang")

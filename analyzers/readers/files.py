@@ -84,7 +84,20 @@ def trace_files(path: str | Path) -> list[Path | str]:
 
 def _no_traces(path) -> TraceError:
     return TraceError(f"{path}: no traces (*.json, *.json.gz, Nsight *.sqlite or *.nsys-rep, rocpd *.db) "
-                      "in this directory")
+                      f"in this directory{_dumps_hint(path)}")
+
+
+def _dumps_hint(path) -> str:
+    """Where the directory holds Flight Recorder dumps instead (a hung job's), the command that reads them."""
+    from .flight_recorder import might_be_dump
+
+    if remote.is_url(path):
+        return ""
+    try:
+        n = sum(1 for i, p in zip(range(4096), Path(path).iterdir()) if p.is_file() and might_be_dump(p))
+    except OSError:
+        return ""
+    return f"; it holds {n} file(s) that look like Flight Recorder dumps: run `commprobe hang {path}`" if n else ""
 
 
 class RankSet:

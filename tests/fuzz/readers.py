@@ -196,9 +196,39 @@ class _Payload:
         return (print, ("ran",))
 
 
+def write_job_case(d: Path, rng: random.Random) -> str:
+    """A 16-rank NCCL MoE job's dumps (tests/fr_jobs.py: TP/PP/EP groups of 2, 4 and 16 ranks, uneven
+    all-to-all, rings trimmed to a few entries), then some ranks' dumps emptied, dropped or mutated."""
+    import pickle as _pickle
+
+    from tests.fr_jobs import write_job
+
+    how = [rng.choice(("device", "host"))]
+    write_job(d, how[0], faulted=rng.choice(((5, 6), (9,), (12, 15))), seed=rng.randrange(1 << 20),
+              dumpless=rng.random() < 0.2, as_json=rng.random() < 0.3, stale=rng.random() < 0.3,
+              trim=rng.choice(((1, 3), (3, 43), (40, 200))))
+    for p in sorted(d.iterdir()):
+        x = rng.random()
+        if x < 0.05:
+            p.write_bytes(_pickle.dumps({"version": "2.9", "pg_config": {}, "pg_status": {}, "entries": []}))
+            how.append("empty")
+        elif x < 0.08:
+            p.unlink()
+            how.append("gone")
+        elif x < 0.12:
+            data = p.read_bytes()
+            doc = _pickle.loads(data) if data[:1] == b"\x80" else json.loads(data)  # our own file, just written
+            p.write_bytes(_pickle.dumps(mutate_doc(doc, rng)))
+            how.append("mutated")
+    return ",".join(how)
+
+
 def write_dump_case(d: Path, rng: random.Random) -> str:
-    """Two ranks' dumps, mutated: types, depth, huge integers, code-running opcodes, memo tricks."""
+    """Two ranks' dumps, mutated: types, depth, huge integers, code-running opcodes, memo tricks; now
+    and then a 16-rank job's (write_job_case)."""
     d.mkdir(parents=True, exist_ok=True)
+    if rng.random() < 0.25:
+        return "job:" + write_job_case(d, rng)
     how = []
     for r in (0, 1):
         # a dump of 20,000 groups now and then (it takes a second or two: the bound is seconds, not a minute)
