@@ -255,7 +255,8 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as
             pass
         for _ in range(n):
             y = torch.tanh(x @ x)
-p.export_chrome_trace(sys.argv[1])
+# a legacy export (EventList.export_chrome_trace: a bare list, "pid": "CPU functions", no cat) or Kineto's
+(p.events() if sys.argv[3] == "legacy" else p).export_chrome_trace(sys.argv[1])
 """
 
 
@@ -263,7 +264,8 @@ def _marker_truth(path: Path) -> tuple[float, int]:
     """From the raw events: the time from each ProfilerStep marker to the next, the last to the end
     of the recorded work on the markers' thread; and the count of markers."""
     doc = json.loads(path.read_text())
-    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    events = doc if isinstance(doc, list) else doc["traceEvents"]
+    xs = [e for e in events if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
     marks = sorted((e["ts"], e["tid"]) for e in xs if e["name"].startswith("ProfilerStep#"))
     tid = marks[-1][1]
     end = max(e["ts"] + e["dur"] for e in xs if e["tid"] == tid and not e["name"].startswith("ProfilerStep#"))
@@ -271,13 +273,14 @@ def _marker_truth(path: Path) -> tuple[float, int]:
     return sum(b - a for a, b in zip(bounds, bounds[1:])), len(marks)
 
 
-@pytest.mark.parametrize("steps", ["60,6,6", "40"])
-def test_markers_that_hold_no_work_bound_the_steps(tmp_path, steps):
+@pytest.mark.parametrize("steps,export", [("60,6,6", "kineto"), ("40", "kineto"), ("60,6,6", "legacy")])
+def test_markers_that_hold_no_work_bound_the_steps(tmp_path, steps, export):
     """A real torch.profiler trace whose ProfilerStep# markers are empty record_functions (three,
-    uneven; or one): each step runs from its marker to the next, the last to the end of the work on
-    the markers' thread; the windows hold all the work."""
+    uneven; or one), in Kineto's format or the legacy export's: each step runs from its marker to
+    the next, the last to the end of the work on the markers' thread; the windows hold all the work."""
     p = tmp_path / "steps.json"
-    r = subprocess.run([sys.executable, "-c", _STEPS_JOB, str(p), steps], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", _STEPS_JOB, str(p), steps, export], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     truth, markers = _marker_truth(p)
     a = analyze(p)

@@ -12,7 +12,12 @@ the device event) started inside the step's host range, on any thread of the pro
 and DDP hooks launch from the autograd thread); HTA assigns kernels to iterations the same way.
 The GPU runs behind the CPU, so a window's end follows the launched work past the host range;
 its start stays at the host's, because a device idle while the host prepares the step is part
-of the step's latency (the host/launch-bound verdict reads it). Windows are tiled in start
+of the step's latency (the host/launch-bound verdict reads it), except where the device is still
+running work launched before the first step (that time is the earlier work's): the first window
+starts when that work ends, at the latest at the step's own first device event. Work whose
+correlation id is below every launch the trace holds was launched before the trace began, so
+before the first step (`device_work_launched_before_the_trace`: a real MI300X trace's 968 events
+ran 30 ms into its first step). Windows are tiled in start
 order: one starts no earlier than the previous one ends, so time is never counted twice when the
 host runs a step ahead; launched work that thereby lies in a neighbour's window is reported
 (`launched_outside_own_window_pct`). GPU-side copies of the annotations (`gpu_user_annotation`)
@@ -186,9 +191,16 @@ def _launched(trace: Trace, h_spans: tuple[np.ndarray, np.ndarray],
     # launched outside every step: before the first, after the last (no step's), or between two
     launched_at = np.where(which >= 0, trace.ts[launch][np.maximum(which, 0)], np.nan)
     before = (which >= 0) & ~found & (launched_at < h_lo.min())
+    # Correlation ids count up per launch: device work whose id is below every launch the trace
+    # holds was launched before the trace began, so before the first step (a real MI300X trace:
+    # 968 events launched before the profiler's first runtime call ran 30 ms into the first step)
+    pre_trace = (which < 0) & (corr[work] < corr[launch].min())
+    before |= pre_trace
     after = (which >= 0) & ~found & (launched_at >= h_hi.max())
     outside[work[before | after]] = True
-    counted = {"device_work_without_launch": int((which < 0).sum()),  # its runtime call is not in the trace
+    before_end = float((trace.ts + trace.dur)[work[before]].max()) if before.any() else None
+    counted = {"device_work_without_launch": int(((which < 0) & ~pre_trace).sum()),  # its runtime call is not in the trace
+               "device_work_launched_before_the_trace": int(pre_trace.sum()),
                "device_work_outside_steps": int(((which >= 0) & ~found).sum()),  # before, between or after steps
                "device_work_before_first_step": _work(trace, work[before]),
                "device_work_after_last_step": _work(trace, work[after])}
@@ -208,6 +220,12 @@ def _launched(trace: Trace, h_spans: tuple[np.ndarray, np.ndarray],
     # never counted twice when the host runs a step ahead of the device.
     k = np.argsort(lo, kind="stable")
     prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(hi[k])[:-1]])
+    # The first step starts no earlier than the device finishes the work launched before it (that
+    # time is the earlier work's, not the step's), and no later than its own first device event
+    if before_end is not None and len(k):
+        first = k[0]
+        own_first = float(w_lo[step == first].min()) if (step == first).any() else float(hi[first])
+        prev_end[0] = min(before_end, own_first)
     lo[k] = np.maximum(lo[k], prev_end)
     hi = np.maximum(hi, lo)
     launched_any = np.zeros(len(h_lo), bool)
