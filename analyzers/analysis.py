@@ -35,7 +35,7 @@ from .cross_rank.verdict import phase_summary
 from .per_rank.classify import load_rules
 from .readers import remote
 from .readers.coordinates import table as name_table
-from .readers.files import RankSet, front_end_files, trace_files
+from .readers.files import RankSet, front_end_files, split_traces, trace_files
 from .readers.model import TraceError
 
 SCHEMA = "commprobe.analysis/1"
@@ -91,7 +91,12 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     sweep = calibration_rows(calibration) if calibration else None
     cal_source = "; ".join(str(c) for c in _paths(calibration)) if calibration else None
     rank_set = RankSet(path)
-    files_in = trace_files(path)
+    files_in, other_docs = trace_files(path), []
+    if len(files_in) > 1 or (not url and Path(path).is_dir()):  # a directory: other documents beside the traces
+        files_in, other_docs = split_traces(files_in)
+        if not files_in:
+            raise TraceError(f"{path}: no traces: {len(other_docs)} JSON file(s), none a trace ("
+                             + "; ".join(f"{Path(d['file']).name}: {d['why']}" for d in other_docs[:3]) + ")")
     coords = name_table([remote.name_of(f) if url else Path(f).name for f in files_in])
     summaries = list(map_ranks(files_in, rules, jobs, scheduler, rank_from, coords))
     chosen = assign([{**s.reader.get("identity", {"file": Path(s.path).name}), "label": s.path} for s in summaries],
@@ -124,6 +129,10 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     if skipped:
         notes.append(f"{len(skipped)} front-end trace(s) kept apart, not ranks: "
                      + ", ".join(Path(s['file']).name for s in skipped))
+    if other_docs:
+        notes.append(f"{len(other_docs)} file(s) beside the traces skipped, not traces: "
+                     + "; ".join(f"{Path(d['file']).name} ({d['why']})" for d in other_docs))
+    skipped += other_docs
     origin = min(origins.values())
     for r, cs in calls.items():  # one clock for the run: the earliest rank's base
         shift = (origins[r] - origin) / 1000.0

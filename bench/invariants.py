@@ -163,10 +163,16 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
         if abs(row["wait_us"] - waited[r]) > 1e-6 * max(1.0, waited[r]):
             bad.append(f"rank {r}: waited {row['wait_us']:.3f} µs, {waited[r]:.3f} per call")
     top = max(caused.values(), default=0.0)
+    total = sum(caused.values())
+    need = (coll.get("straggler_rule") or {}).get("share_needed")
     if coll["straggler"] is not None and caused.get(coll["straggler"], 0.0) < top - 1e-6 * max(1.0, top):
         bad.append(f"straggler rank {coll['straggler']} caused {caused[coll['straggler']]:.3f} µs, another {top:.3f}")
-    if coll["straggler"] is None and top > 0:
-        bad.append(f"no straggler named, yet a rank caused {top:.3f} µs of waiting")
+    if need is None and total > 0:
+        bad.append("names no straggler rule")
+    elif total > 0:  # one rule: named exactly when the top rank caused the share the rule needs
+        if (coll["straggler"] is not None) != (top / total >= need):
+            bad.append(f"straggler {coll['straggler']} against the rule: the top rank caused {top / total:.1%} of the "
+                       f"waiting, {need:.0%} needed")
     return bad
 
 

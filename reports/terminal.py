@@ -143,8 +143,12 @@ def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
         console.print(room)
     coll = result["collectives"]
     if coll["matched_calls"]:
-        t = Table(title=f"Collectives matched across ranks: {coll['matched_calls']} calls"
-                        + (f"; straggler: rank {coll['straggler']}" if coll["straggler"] is not None else ""))
+        sr = coll.get("straggler_rule") or {}
+        who = (f"; straggler: rank {coll['straggler']} ({sr['share']:.0%} of the waiting)" if coll["straggler"] is not None
+               else f"; no straggler: rank {sr['most_waiting_caused_by']} caused {sr['share']:.0%} of the waiting, "
+                    f"under the {sr['share_needed']:.0%} a rank must cause to be named"
+               if sr.get("most_waiting_caused_by") is not None else "")
+        t = Table(title=f"Collectives matched across ranks: {coll['matched_calls']} calls{who}")
         t.caption = "wait: µs spent waiting for the last rank to arrive"
         for col in ("rank", "calls", "transfer µs", "wait µs", "times last"):
             t.add_column(col, justify="right", no_wrap=True)

@@ -139,7 +139,9 @@ def test_a_late_torchrun_agent_is_named_on_one_clock(late_agent):
     coll = a["collectives"]
     assert coll["arrival_rule"] == "clock" and "one host" in coll["arrival_rule_why"]
     rows = {r["rank"]: r for r in coll["ranks"]}
-    assert coll["straggler"] in late
+    # the late agent's two ranks take turns arriving last: one is named only where it caused 75 % of
+    # the waiting (issue 56: one straggler rule); whoever caused most is on the late agent
+    assert coll["straggler"] in late | {None} and coll["straggler_rule"]["most_waiting_caused_by"] in late
     assert sum(rows[r]["times_last"] for r in late) >= 0.9 * coll["matched_calls"]
     assert invariant_violations(a, source=late_agent) == []
     assert all(p["verdict"] != "unknown" for p in a["phases"].values())  # gloo: a CPU workload keeps its verdict
@@ -174,7 +176,7 @@ def test_a_late_torchrun_agent_is_named_when_its_host_has_another_clock(late_age
     coll = a["collectives"]
     assert coll["arrival_rule"] == "durations" and "ranks on 2 hosts" in coll["arrival_rule_why"]
     rows = {r["rank"]: r for r in coll["ranks"]}
-    assert coll["straggler"] in late
+    assert coll["straggler"] in late | {None} and coll["straggler_rule"]["most_waiting_caused_by"] in late
     # gloo's c10d::allreduce_ returns once the work is enqueued: its time in the call tells no arrival,
     # so the late agent is last at the collectives themselves (gloo:all_reduce), and causes the waiting
     assert sum(rows[r]["times_last"] for r in late) >= coll["matched_calls"] / 2

@@ -57,6 +57,7 @@ def test_the_wait_invariants_fire_on_a_straggler_named_against_its_waits(real_tr
     low = next(r["rank"] for r in result["collectives"]["ranks"] if r["caused_wait_us"] < top["caused_wait_us"])
     assert any("straggler rank" in b for b in broken(lambda a: a["collectives"].update(straggler=low)))
     assert any("names no arrival rule" in b for b in broken(lambda a: a["collectives"].pop("arrival_rule")))
+    assert any("against the rule" in b for b in broken(lambda a: a["collectives"].update(straggler=None)))
 
     def on_two_hosts(a):  # a start-time reading of ranks whose identities name two hosts
         a["ranks"][0]["identity"]["host"], a["ranks"][1]["identity"]["host"] = "nodea", "nodeb"

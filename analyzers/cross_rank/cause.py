@@ -40,9 +40,11 @@ from commprobe.common.errors import InputError
 from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 from commprobe.common.vocab import COMM_CATS
 
+from .straggler import STRAGGLER_SHARE, stands_out
+
 DOMINATES = 2 / 3
 MIN_MATCHED = 0.5
-CULPRIT_SHARE = 0.75
+CULPRIT_SHARE = STRAGGLER_SHARE  # one rule with the collectives table's straggler (straggler.py)
 SKEW_BAR = 0.25
 SPREAD_BAR = 0.15
 STEADY_CV = 1.75  # two ranks pausing 0..D at random before each call: waits vary with CV sqrt(2) = 1.41
@@ -286,7 +288,8 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
     excess = transfer * max(0.0, 1 - 1 / ratio) if ratio else 0.0
     total_caused = sum(caused.values())
     shares = {k: v / total_caused for k, v in sorted(caused.items(), key=lambda kv: -kv[1])} if total_caused else {}
-    culprit = next((int(k) for k, v in shares.items() if v >= CULPRIT_SHARE), None)
+    culprit = stands_out(caused)[0]
+    culprit = int(culprit) if culprit is not None else None
     cls = _classify(transfer, wait, matched_share, n)
     windows = max(1, rows[0]["phases"][phase]["windows"])
     caused_us = {k: v / windows for k, v in sorted(caused.items(), key=lambda kv: -kv[1])}

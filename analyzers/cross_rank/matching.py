@@ -13,6 +13,7 @@ from commprobe.common.vocab import bus_factor
 
 from ..per_rank.calls import Calls, group_starts
 from ..per_rank.sampling import thin
+from .straggler import RULE, STRAGGLER_SHARE, stands_out
 
 
 def _global_keys(calls_by_rank: dict[int, Calls]) -> dict[int, np.ndarray]:
@@ -176,13 +177,14 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
              "caused_wait_us": float(per["caused_wait_us"][i]), "held_us": float(per["held_us"][i]),
              "carried_us": float(per["carried_us"][i])}
             for i, r in enumerate(ranks)]
-    straggler = ranks[int(np.argmax(per["caused_wait_us"]))] if matched else None
-    if straggler is not None and per["caused_wait_us"].max() == 0:
-        straggler = None
+    straggler, top, share = stands_out({r: float(per["caused_wait_us"][i]) for i, r in enumerate(ranks)}) \
+        if matched else (None, None, 0.0)
     bounds = np.cumsum([0] + [len(calls_by_rank[r]) for r in ranks])
     waits = {r: tuple(a[bounds[i]:bounds[i + 1]] for a in (wait, transfer, last_rank, held, carried))
              for i, r in enumerate(ranks)}
     return {"matched_calls": matched, "arrival_rule": rule, "ranks": rows, "straggler": straggler,
+            "straggler_rule": {"rule": RULE, "share_needed": STRAGGLER_SHARE, "most_waiting_caused_by": top,
+                               "share": round(share, 4)},
             "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits}
 
 

@@ -82,6 +82,52 @@ def trace_files(path: str | Path) -> list[Path | str]:
     return files
 
 
+SNIFF_BYTES = 16 << 20  # JSON this small is parsed whole to tell a trace from another document
+
+
+def not_a_trace(path: Path) -> str | None:
+    """Why a JSON file named like a trace is another document (a job's summary, a config, a Flight
+    Recorder dump's JSON form), or None where it is or may be a trace. Only a JSON object with none
+    of the keys a trace has is another document: a damaged trace (cut short, a bad member) is not
+    skipped here, its reader refuses it in one line."""
+    import gzip
+    import json
+
+    name = path.name
+    if not name.endswith((".json", ".json.gz")):
+        return None
+    try:
+        if path.stat().st_size > SNIFF_BYTES:
+            return None
+        data = path.read_bytes()
+        if name.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                data = f.read(SNIFF_BYTES * 8 + 1)
+            if len(data) > SNIFF_BYTES * 8:
+                return None
+        doc = json.loads(data)
+    except (OSError, ValueError, EOFError, RecursionError):
+        return None  # unreadable or not JSON: its reader says why
+    if not isinstance(doc, dict) or "traceEvents" in doc or "rocprofiler-sdk-tool" in doc:
+        return None
+    if isinstance(doc.get("entries"), list) and ("pg_config" in doc or "version" in doc):
+        return "a Flight Recorder dump (read it with `commprobe hang`)"
+    keys = ", ".join(list(doc)[:4])
+    return f"a JSON object with no traceEvents (keys: {keys}{', ...' if len(doc) > 4 else ''}): not a trace"
+
+
+def split_traces(files: list) -> tuple[list, list[dict]]:
+    """(the files that are or may be traces, [{file, why}] of those that are other documents)."""
+    keep, skipped = [], []
+    for f in files:
+        why = None if remote.is_url(f) else not_a_trace(Path(f))
+        if why:
+            skipped.append({"file": str(f), "why": why})
+        else:
+            keep.append(f)
+    return keep, skipped
+
+
 def _no_traces(path) -> TraceError:
     return TraceError(f"{path}: no traces (*.json, *.json.gz, Nsight *.sqlite or *.nsys-rep, rocpd *.db) "
                       f"in this directory{_dumps_hint(path)}")
