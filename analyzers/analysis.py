@@ -31,6 +31,7 @@ from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 from .cross_rank import cause, headroom, matching
 from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
+from .cross_rank.straggler import stands_out
 from .cross_rank.verdict import phase_summary
 from .per_rank.classify import load_rules
 from .readers import remote
@@ -154,6 +155,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     tgt = {r: headroom.targets(c, sweep, len(calls)) for r, c in calls.items()} if sweep else {}
     offset, raw_offset = headroom.conditions(calls, waits, costs, tgt, own)
     _phase_waits(ranks, calls, waits, baselines, floors, costs, tgt, offset)
+    _name_straggler(matched, ranks)
     buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
     axes = _provenance(calls, field=1)
@@ -261,6 +263,25 @@ def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:
                 out.setdefault(kind[2], {}).setdefault(kind[field], 0)
                 out[kind[2]][kind[field]] += n
     return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
+
+
+def _name_straggler(matched: dict, ranks: list[dict]) -> None:
+    """The straggler by the verdict's own rule and scope (cross_rank/straggler.py): the waiting the
+    calls inside the phases' windows hold, per rank that caused it. Calls outside every window (an
+    engine's start-up broadcast where one rank waited 100 ms for another's load) are not the steps
+    a verdict reads, so they name no straggler; the table's rows still count every matched call."""
+    if not matched["matched_calls"]:
+        return
+    caused: dict[int, float] = {}
+    for rk in ranks:
+        for p in rk["phases"].values():
+            for acc in (p.get("comm_calls") or {}).values():
+                for who, us in acc["wait_by_last"].items():
+                    caused[int(who)] = caused.get(int(who), 0.0) + us
+    name, top, share = stands_out(caused)
+    matched["straggler"] = name
+    matched["straggler_rule"].update(most_waiting_caused_by=top, share=round(share, 4),
+                                     scope="the matched calls inside the phases' windows")
 
 
 def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | None = None,

@@ -118,7 +118,10 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
     offsets = {int(r): v for r, v in coll["offsets_us"].items()}
     last_count = {r: 0 for r in calls}
     caused = {r: 0.0 for r in calls}
+    caused_in = {r: 0.0 for r in calls}
     waited = {r: 0.0 for r in calls}
+    wins = {rk["rank"]: sorted((a, b) for sp in rk["windows"].values() for a, b in sp) for rk in result["ranks"]}
+    inside = {r: [any(a <= t < b for a, b in wins.get(r, ())) for t in c.start] for r, c in calls.items()}
     for r, c in calls.items():
         if r not in waits:
             continue
@@ -150,6 +153,9 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
                     bad.append(f"rank {r} call {j}: named last and waited {w[j]:.3f} µs")
             caused[lr] += w[j] - h[j]
             caused[r] += h[j]
+            if inside[r][j]:  # the straggler is named from the calls inside the windows (the verdict's scope)
+                caused_in[lr] += w[j] - h[j]
+                caused_in[r] += h[j]
             waited[r] += w[j]
     rows = {row["rank"]: row for row in coll["ranks"]}
     for r in calls:
@@ -162,15 +168,16 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
             bad.append(f"rank {r}: caused {row['caused_wait_us']:.3f} µs of waiting, {caused[r]:.3f} per call")
         if abs(row["wait_us"] - waited[r]) > 1e-6 * max(1.0, waited[r]):
             bad.append(f"rank {r}: waited {row['wait_us']:.3f} µs, {waited[r]:.3f} per call")
-    top = max(caused.values(), default=0.0)
-    total = sum(caused.values())
+    top = max(caused_in.values(), default=0.0)
+    total = sum(caused_in.values())
     need = (coll.get("straggler_rule") or {}).get("share_needed")
-    if coll["straggler"] is not None and caused.get(coll["straggler"], 0.0) < top - 1e-6 * max(1.0, top):
-        bad.append(f"straggler rank {coll['straggler']} caused {caused[coll['straggler']]:.3f} µs, another {top:.3f}")
+    if coll["straggler"] is not None and caused_in.get(coll["straggler"], 0.0) < top - 1e-6 * max(1.0, top):
+        bad.append(f"straggler rank {coll['straggler']} caused {caused_in[coll['straggler']]:.3f} µs in the windows, "
+                   f"another {top:.3f}")
     if need is None and total > 0:
         bad.append("names no straggler rule")
-    elif total > 0:  # one rule: named exactly when the top rank caused the share the rule needs
-        if (coll["straggler"] is not None) != (top / total >= need):
+    elif total > 1e-6:  # one rule: named exactly when the top rank caused the share the rule needs
+        if (coll["straggler"] is not None) != (top / total >= need - 1e-9):
             bad.append(f"straggler {coll['straggler']} against the rule: the top rank caused {top / total:.1%} of the "
                        f"waiting, {need:.0%} needed")
     return bad

@@ -48,7 +48,10 @@ def breakdown_figure(result: dict) -> go.Figure:
                     y=[(p["categories"][c]["exposed_us"] - wait(p["categories"][c])) / p["windows"] for _, _, p in rows])
     fig.add_bar(name="straggler wait", x=labels, marker_color=COLORS["straggler wait"],
                 y=[sum(wait(v) for v in p["categories"].values()) / p["windows"] for _, _, p in rows])
-    fig.add_bar(name="idle", x=labels, y=[p["idle_us"] / p["windows"] for _, _, p in rows], marker_color=COLORS["idle"])
+    kinds = {r.get("timeline") for r in result["ranks"]}
+    idle = "outside ops (host)" if kinds == {"host"} else "idle" if kinds == {"device"} else "idle / outside ops"
+    fig.add_bar(name=idle, x=labels, y=[p["idle_us"] / p["windows"] for _, _, p in rows], marker_color=COLORS["idle"],
+                hovertext=[r.get("idle_means", "") for r in result["ranks"] for _ in r["phases"]])
     fig.update_layout(barmode="stack", title="Exposed time per phase and rank (µs per window; straggler wait split out)",
                       yaxis_title="µs", legend_title="category", height=420)
     return fig

@@ -27,8 +27,12 @@ def breakdown_table(result: dict, wide: bool = False) -> Table:
             or any(p["categories"][c]["exposed_us"] > 0 for _, _, p in rows)]
     empty = [c for c in CATS if c not in cats]
     caption = f"no time in: {', '.join(empty)} (--wide shows every category)" if empty else None
+    kinds = {r.get("timeline") for r in result["ranks"]}
+    idle = "outside ops" if kinds == {"host"} else "idle" if kinds == {"device"} else "idle / outside ops"
+    means = sorted({r["idle_means"] for r in result["ranks"] if r.get("idle_means")})
+    caption = "; ".join(x for x in (caption, *means) if x) or None
     table = Table(title=f"Exposed time per rank and phase ({unit} per window, % of end-to-end)", caption=caption)
-    for col in ("rank", "phase", f"e2e {unit}", *(HEADING[c] for c in cats), "idle"):
+    for col in ("rank", "phase", f"e2e {unit}", *(HEADING[c] for c in cats), idle):
         table.add_column(col, justify="right", no_wrap=True)
 
     def cell(us: float, w: int, e2e: float) -> str:

@@ -9,7 +9,8 @@ KIND: `ddp` (DistributedDataParallel training: forward, backward, SGD step), `fs
 Colwise/Rowwise plans, inference forwards), `pipeline` (`torch.distributed.pipelining`, two stages,
 GPipe schedule, inference), `deepspeed-tp` (DeepSpeed inference, `deepspeed.init_inference` with
 tensor_parallel tp_size 2: AutoTP shards the MLP and reduces with its own shared-memory allreduce;
-needs the `peers` extra), `no-dist` (no process group at all: a worker of a two-node torchrun
+DS_FORWARDS forwards per step; rank 0 writes the job's summary.json beside the traces; needs the
+`peers` extra), `no-dist` (no process group at all: a worker of a two-node torchrun
 (two agents) that profiles without torch.distributed; its trace records no rank and is named
 `<host>_<pid>` by tensorboard_trace_handler, as torch names it), `late-agent` (four ranks of a two-agent
 torchrun job on gloo, `torch.distributed` from torchrun's environment: the second agent's ranks sleep
@@ -46,13 +47,20 @@ def _train(model: nn.Module, prof) -> None:
         prof.step()
 
 
-def _infer(model, prof) -> None:
-    """STEPS inference forwards, one profiler step each."""
+def _infer(model, prof, forwards: int = 1) -> list[float]:
+    """STEPS profiler steps of `forwards` inference forwards each; each step's seconds."""
+    import time
+
     x = torch.randn(16, WIDTH)
+    took = []
     with torch.no_grad():
         for _ in range(STEPS):
-            model(x)
+            t = time.perf_counter()
+            for _ in range(forwards):
+                model(x)
+            took.append(time.perf_counter() - t)
             prof.step()
+    return took
 
 
 def _ddp(rank: int, prof) -> None:
@@ -120,13 +128,26 @@ class TinyMLPModel(nn.Module):
         return x
 
 
-def _deepspeed_tp(rank: int, prof) -> None:
+def _deepspeed_engine():
+    """AutoTP's engine, built before the profiler starts (init_inference's broadcasts are start-up,
+    not a step: a rank loading later makes the other wait ~0.1 s there)."""
     import deepspeed
 
     torch.manual_seed(0)
-    model = TinyMLPModel()
-    _infer(deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.float32,
-                                    replace_with_kernel_inject=False), prof)
+    return deepspeed.init_inference(TinyMLPModel(), tensor_parallel={"tp_size": 2}, dtype=torch.float32,
+                                    replace_with_kernel_inject=False)
+
+
+_ENGINE = []
+
+
+def _deepspeed_tp(rank: int, prof) -> None:
+    took = _infer(_ENGINE[0], prof, int(os.environ.get("DS_FORWARDS", "1")))
+    if rank == 0:  # the job's own summary beside its traces, as jobs write one
+        import json
+
+        with open(os.path.join(sys.argv[3], "summary.json"), "w") as f:
+            json.dump({"job": "deepspeed-autotp", "tp_size": 2, "steps": STEPS, "step_s": took}, f)
 
 
 def _no_dist(rank: int, prof) -> None:
@@ -170,6 +191,7 @@ def main() -> None:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        _ENGINE.append(_deepspeed_engine())
     elif kind == "late-agent":  # torchrun's environment (MASTER_ADDR, RANK, WORLD_SIZE)
         dist.init_process_group("gloo")
     elif kind != "no-dist":

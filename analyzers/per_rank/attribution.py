@@ -35,6 +35,13 @@ class Timeline:
     mask: np.ndarray  # events on the timeline
 
 
+# What a window's time in no recorded work is, by timeline: a device that runs nothing waits on its
+# host; a host timeline's time between ops is the host's own (Python, the framework), or a wait the
+# profiler did not record
+IDLE_MEANS = {"device": "device idle: no kernel, copy or memset running",
+              "host": "outside ops: host time in no recorded op (Python and the framework's own work, or a wait the "
+                      "profiler did not record)"}
+
 def timeline(trace: Trace) -> Timeline:
     dev = trace.is_device()
     if dev.any():
@@ -108,7 +115,8 @@ def rank_breakdown(trace: Trace, cls: Classified) -> dict:
     rule["busy_in_windows_pct"] = _busy_inside(unions[MARKER], wins)
     shown = {c: (unions[c] if c in (COMPUTE, OTHER) else exposed_base[c]) for c in (COMPUTE, *COMM_CODES, MEMCPY, OTHER)}
     missing = None if tl.device else device_launches(trace)  # a host timeline: is the device's missing?
-    return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host", "phases": phases,
+    return {"rank": trace.rank, "file": trace.path, "timeline": "device" if tl.device else "host",
+            "idle_means": IDLE_MEANS["device" if tl.device else "host"], "phases": phases,
             "device_missing": missing if missing and drove_a_device(missing) else None,
             "phase_rule": rule,
             "windows": {ph: [[a, b] for a, b in sp[:MAX_WINDOWS]] for ph, sp in wins.items()},
