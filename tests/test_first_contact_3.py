@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,34 @@ def test_work_launched_before_the_first_step_is_not_in_it_on_the_real_mi300x_tra
     assert p["exposed_comm_share"] * p["e2e_us_max"] == pytest.approx(exposed, rel=0.05)
     assert p["verdict"] == "communication-bound"
     assert invariant_violations(a, path) == []
+
+
+def test_a_directory_of_traces_and_other_things_is_read_and_says_what_it_skipped(real_traces, tmp_path):
+    """Beside two real ranks' traces: a job summary, a config list, a Flight Recorder dump's JSON
+    form, a log, and JSON that is not even JSON. The traces are analyzed, each other JSON object named
+    with why; what is not a JSON object (a cut trace, a list of numbers) is still refused in one line."""
+    import shutil
+
+    from tests.conftest import assert_one_line_exit_2, run_cli
+
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        shutil.copy(real_traces / "hta" / f"trace_filter_sampled_rank-{r}.json.gz", d)
+    (d / "summary.json").write_text(json.dumps({"job": "x", "tp": 2, "ttft_ms": [310.2]}))
+    (d / "nccl_trace_rank_0.json").write_text(json.dumps({"version": "2.9", "pg_config": {}, "entries": []}))
+    (d / "train.log").write_text("step 1 done\n")
+    with gzip.open(d / "config.json.gz", "wt") as f:
+        json.dump({"model": "llama", "layers": 2}, f)
+    a = analyze(d)
+    assert [r["rank"] for r in a["ranks"]] == [0, 1]
+    skipped = {Path(s["file"]).name: s["why"] for s in a["source"]["skipped"]}
+    assert set(skipped) == {"summary.json", "nccl_trace_rank_0.json", "config.json.gz"}
+    assert "commprobe hang" in skipped["nccl_trace_rank_0.json"]
+    assert invariant_violations(a, d) == []
+    (d / "cut.json").write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur"')
+    assert_one_line_exit_2(run_cli("analyze", str(d)), "cut.json")
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "summary.json").write_text(json.dumps({"job": "x"}))
+    assert_one_line_exit_2(run_cli("analyze", str(only)), "none a trace")
