@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import statistics
 import threading
@@ -78,6 +79,11 @@ class Capture:
     files: list[str] = field(default_factory=list)
 
 
+# what a server answers /stop_profile with when its profiler already stopped (SGLang: "Profiling is
+# not in progress", http_server.py; vLLM: "Profiler is not running")
+STOPPED_ALREADY = re.compile(r"not in progress|not running|no profil\w* (?:is )?(?:running|active|in progress)", re.I)
+
+
 def _http(method: str, url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, str]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
@@ -92,7 +98,7 @@ def detect(url: str) -> tuple[str, str | None]:
     """(engine, version) the server says it is: vLLM answers /version with {"version"}, SGLang
     /get_server_info (or /server_info); TensorRT-LLM what is left."""
     try:
-        for path, engine in (("/get_server_info", "sglang"), ("/server_info", "sglang")):
+        for path, engine in (("/server_info", "sglang"), ("/get_server_info", "sglang")):  # the latter deprecated
             code, text = _http("GET", url + path)
             if code == 200 and text.lstrip().startswith("{"):
                 return engine, json.loads(text).get("version")
@@ -108,8 +114,9 @@ def detect(url: str) -> tuple[str, str | None]:
 
 
 def start_body(engine: str, trace_dir: str, steps: int) -> dict | None:
-    if engine == "sglang":
-        return {"output_dir": trace_dir, "num_steps": steps, "activities": ["CPU", "GPU"], "profile_by_stage": False,
+    if engine == "sglang":  # no num_steps: SGLang would stop by itself after that many forward batches,
+        # and any batch more (a chunked prefill, another client's request) ends the profile early
+        return {"output_dir": trace_dir, "activities": ["CPU", "GPU"], "profile_by_stage": False,
                 "merge_profiles": False}
     if engine == "trtllm":
         return {"output_dir": trace_dir, "num_steps": steps, "start_step": 0, "activities": ["CPU", "GPU"]}
@@ -128,6 +135,14 @@ def prompt_of(url: str, model: str, length: int) -> str:
     if n and n != length:
         words = [WORDS[i % len(WORDS)] for i in range(max(1, round(length * length / n)))]
     return " ".join(words)
+
+
+def unique_prompts(prompt: str, n: int) -> list[str]:
+    """`n` prompts of the same length whose first word differs: a server's prefix cache (SGLang's
+    radix cache, vLLM's prefix caching) would otherwise turn every prefill after the first into a
+    one-token extend, and the prefill measured would not be the prompt sent."""
+    words = prompt.split(" ")
+    return [" ".join([f"{WORDS[i % len(WORDS)]}{i}", *words[1:]]) for i in range(n)]
 
 
 def one_request(url: str, model: str, prompt: str, max_tokens: int, timeout: float) -> dict:
@@ -249,8 +264,8 @@ def capture(cfg: CaptureConfig, on_status=lambda s: None, on_request=lambda done
     lock = threading.Lock()
     try:
         with ThreadPoolExecutor(cfg.concurrency) as pool:
-            futures = [pool.submit(one_request, cfg.url, model, prompt, cfg.max_tokens, cfg.timeout)
-                       for _ in range(cfg.requests)]
+            futures = [pool.submit(one_request, cfg.url, model, p, cfg.max_tokens, cfg.timeout)
+                       for p in unique_prompts(prompt, cfg.requests)]
             for f in futures:
                 r = f.result()
                 with lock:
@@ -265,11 +280,16 @@ def capture(cfg: CaptureConfig, on_status=lambda s: None, on_request=lambda done
     out = Path(cfg.out)
     if out.exists() and (out / MANIFEST).exists():
         raise CaptureError(f"--out {out} already holds a bundle; choose another directory")
-    died = None
+    died, stopped = None, None
     if code == -1:  # the server went away: keep what it wrote and what the client measured
         died = f"{cfg.url}: the server stopped answering during the capture ({text[:120]})"
-    elif code != 200:
-        raise CaptureError(f"{cfg.url}: /stop_profile answered HTTP {code}: {text.strip()[:200]}")
+    elif code != 200 and STOPPED_ALREADY.search(text):
+        # the server's profiler had stopped by itself (SGLang after its num_steps, or a profile
+        # another client stopped): its traces are written; collect them as if we had stopped it
+        stopped = f"the server's profiler had already stopped (/stop_profile: HTTP {code} {text.strip()[:120]})"
+        on_status(stopped)
+    elif code != 200:  # keep what the client measured and whatever was written, then say why
+        died = f"{cfg.url}: /stop_profile answered HTTP {code}: {text.strip()[:200]}"
     try:
         files = wait_for_traces(trace_dir, since, min(10.0, cfg.timeout) if died else cfg.timeout, on_status)
     except CaptureError:
@@ -293,6 +313,7 @@ def capture(cfg: CaptureConfig, on_status=lambda s: None, on_request=lambda done
         "model": {"name": model}, "run": {"prompt_len": cfg.prompt_len, "decode_steps": cfg.max_tokens,
                                           "batch": cfg.concurrency, "repeats": cfg.requests},
         "world": {}, "load": load, "requests": results, "failed_requests": len(results) - len(ok),
+        "profiler_stopped_by_server": stopped, "prompts": "distinct first word per request (no shared prefix)",
         "traces": names, "timings": TIMINGS, "telemetry": None, "source_dir": trace_dir.where})
     if died:
         raise CaptureError(f"{died}; {len(results)} of {cfg.requests} requests done, {len(names)} trace file(s) kept in "

@@ -44,6 +44,8 @@ def stub(request, tmp_path):
             self.wfile.write(data)
 
         def do_GET(self):
+            if self.path == "/server_info" and mode == "sglang-stopped":
+                return self._send(200, json.dumps({"version": "0.5.23"}))
             if self.path == "/version":
                 return self._send(200, json.dumps({"version": "0.32.0"}))
             if self.path == "/v1/models":
@@ -51,9 +53,19 @@ def stub(request, tmp_path):
             return self._send(404, '{"detail": "Not Found"}')
 
         def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path == "/start_profile":
+                seen["start"] = json.loads(body or b"{}")
+                if mode == "sglang-stopped":  # SGLang's profiler stops by itself and writes its traces
+                    from tests.kineto_events import HOST, ev, write
+
+                    for r in (0, 1):
+                        write(prof / f"1796569413.65-TP-{r}.trace.json.gz",
+                              [ev("step[EXTEND bs=1 toks=20]", 0, 900, HOST, "user_annotation"),
+                               ev("aten::mm", 10, 800, HOST)], rank=r, world=2)
                 return self._send(start, "{}")
+            if self.path == "/stop_profile" and mode == "sglang-stopped":
+                return self._send(500, json.dumps({"detail": "Profiling is not in progress. Call /start_profile first."}))
             if self.path == "/stop_profile":
                 if mode == "die":
                     self.close_connection = True
@@ -70,13 +82,16 @@ def stub(request, tmp_path):
             if self.path == "/tokenize":
                 return self._send(200, json.dumps({"count": 20}))
             if self.path == "/v1/completions":
+                seen.setdefault("prompts", []).append(json.loads(body)["prompt"])
                 body = "".join(f'data: {json.dumps({"choices": [{"text": "x"}]})}\n\n' for _ in range(3))
                 return self._send(200, body + "data: [DONE]\n\n", "text/event-stream")
             return self._send(404, "{}")
 
+    seen: dict = {}
     server = http.server.ThreadingHTTPServer(("127.0.0.1", _free_port()), H)
+    server.seen = seen
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", prof
+    yield f"http://127.0.0.1:{server.server_address[1]}", prof, seen
     server.shutdown()
 
 
@@ -125,3 +140,26 @@ def test_a_server_that_dies_mid_capture_is_named_and_what_was_collected_kept(stu
     assert_one_line_exit_2(r, "the server stopped answering during the capture")
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "failed" and len(m["requests"]) == 2 and m["error"]
+
+
+@pytest.mark.parametrize("stub", [(200, "sglang-stopped")], indirect=True)
+def test_a_server_whose_profiler_stopped_itself_still_gives_a_bundle(stub, tmp_path):
+    """SGLang stops its profiler by itself (num_steps, or another client's batch ends it early) and
+    /stop_profile then answers HTTP 500 "Profiling is not in progress": the traces written are
+    collected and the client's timings kept (before: exit 2, no bundle). Each request's prompt starts
+    with its own word, so no prefix cache turns a prefill into a one-token extend; SGLang is asked
+    for no num_steps."""
+    out = tmp_path / "cap"
+    r = run_cli("capture", stub[0], "--trace-dir", str(stub[1]), "--requests", "3", "--out", str(out), "--json",
+                "--timeout", "30")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["capture"]["requests"] == 3 and doc["capture"]["failed"] == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["engine"]["name"] == "sglang" and "already stopped" in m["profiler_stopped_by_server"]
+    assert sorted(p.name for p in out.glob("*.trace.json.gz")) == ["1796569413.65-TP-0.trace.json.gz",
+                                                                   "1796569413.65-TP-1.trace.json.gz"]
+    seen = stub[2]
+    assert "num_steps" not in seen["start"]
+    firsts = [p.split(" ")[0] for p in seen["prompts"]]
+    assert len(set(firsts)) == 3 and len({len(p.split(" ")) for p in seen["prompts"]}) == 1
