@@ -37,6 +37,7 @@ from .per_rank.classify import load_rules
 from .readers import remote
 from .readers.coordinates import table as name_table
 from .readers.files import RankSet, front_end_files, split_traces, trace_files
+from .readers.stages import group_files
 from .readers.model import TraceError
 
 SCHEMA = "commprobe.analysis/1"
@@ -98,7 +99,10 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         if not files_in:
             raise TraceError(f"{path}: no traces: {len(other_docs)} JSON file(s), none a trace ("
                              + "; ".join(f"{Path(d['file']).name}: {d['why']}" for d in other_docs[:3]) + ")")
-    coords = name_table([remote.name_of(f) if url else Path(f).name for f in files_in])
+    files_in, merges = group_files(files_in)  # one rank's per-stage files: one unit; an engine's merge: aside
+    other_docs += merges
+    first = [f[0] if isinstance(f, tuple) else f for f in files_in]
+    coords = name_table([remote.name_of(f) if url else Path(f).name for f in first])
     summaries = list(map_ranks(files_in, rules, jobs, scheduler, rank_from, coords))
     chosen = assign([{**s.reader.get("identity", {"file": Path(s.path).name}), "label": s.path} for s in summaries],
                     rank_from)
@@ -131,7 +135,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         notes.append(f"{len(skipped)} front-end trace(s) kept apart, not ranks: "
                      + ", ".join(Path(s['file']).name for s in skipped))
     if other_docs:
-        notes.append(f"{len(other_docs)} file(s) beside the traces skipped, not traces: "
+        notes.append(f"{len(other_docs)} file(s) beside the traces skipped: "
                      + "; ".join(f"{Path(d['file']).name} ({d['why']})" for d in other_docs))
     skipped += other_docs
     origin = min(origins.values())

@@ -20,6 +20,7 @@ from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 
 from ..per_rank.launches import words as launch_words
 from . import cause as causes
+from . import remedies
 
 IDLE_BOUND = 0.5  # a timeline idle more than this share of a phase is not bound by what runs on it
 MIN_BUSY_SHARE = 0.01  # windows with less recorded work than this share of their time: no verdict
@@ -349,7 +350,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             "communication_cause": diag,
             "recommendations": [] if verdict is Verdict.UNKNOWN else recommend(phase, shares, idle, device, threshold, matched, buckets,
                                                           provenance, graph, copies=way if verdict is Verdict.DATA_MOVEMENT
-                                                          else None, cause=diag),
+                                                          else None, cause=diag, engine=remedies.engine_of(rows)),
         }
     return out
 
@@ -382,7 +383,7 @@ def _transfer_of(cat: str, shares: dict, cause: dict | None) -> float:
 
 
 def recommend(phase, shares, idle, device, threshold, matched, buckets, provenance=None, graph="none",
-              copies: str | None = None, cause: dict | None = None) -> list[str]:
+              copies: str | None = None, cause: dict | None = None, engine: str | None = None) -> list[str]:
     """Advice per phase. Axis-specific advice only for an axis the trace declares or its ops imply
     (a category exists only then); communication of unknown axis gets no axis's advice. Advice on
     a collective rests on its transfer time; waiting for a late rank gets advice on that rank."""
@@ -396,8 +397,8 @@ def recommend(phase, shares, idle, device, threshold, matched, buckets, provenan
             if med["bucket_bytes"] <= 1 << 20:
                 recs.append(f"TP allreduce{axis_note('tp_allreduce', provenance)} takes {tp:.0%} of {phase} with "
                             f"≤{med['bucket_bytes'] // 1024} KiB messages "
-                            f"(median {med['median_us']:.0f} µs): small allreduces are latency-bound; a one-shot DDA "
-                            f"allreduce (commprobe --backend dda) replaces the ring's many hops with one read per peer")
+                            f"(median {med['median_us']:.0f} µs): small allreduces are latency-bound; "
+                            f"{remedies.small_allreduce(engine, device)}")
             else:
                 recs.append(f"TP allreduce{axis_note('tp_allreduce', provenance)} takes {tp:.0%} of {phase} at "
                             f"{med['bucket_bytes'] >> 20} MiB messages: use a "

@@ -57,13 +57,27 @@ def category_unions(trace: Trace, cls: Classified, tl: Timeline) -> dict[int, iv
         out[code] = iv.union(start[m], end[m])
     m = tl.mask & comm_mask(cls.category)
     comm_all = iv.union(start[m], end[m])
+    busy = tl.mask & (cls.category != MARKER)
     if not tl.device:
+        # A host timeline with Python stacks: the interpreter running Python between ops is the
+        # host's own work (other), not idle (a real SGLang server's steps: Python covers all of
+        # them, its ops and record_functions 11-88 %)
+        py = tl.mask & (cls.category == MARKER) & _python(trace)
+        if py.any():  # only where no op runs: Python around an op is the op's time
+            only = iv.subtract(iv.subtract(iv.union(start[py], end[py]), out[COMPUTE]), comm_all)
+            out[OTHER] = iv.union(np.r_[out[OTHER][0], only[0]], np.r_[out[OTHER][1], only[1]])
+            busy |= py
         # On the host a collective owns its thread: ops nested inside it are part of it.
         out[COMPUTE] = iv.subtract(out[COMPUTE], comm_all)
         out[OTHER] = iv.subtract(out[OTHER], comm_all)
-    busy = tl.mask & (cls.category != MARKER)
     out[MARKER] = iv.union(start[busy], end[busy])  # reused as "busy" below
     return out
+
+
+def _python(trace: Trace) -> np.ndarray:
+    """Events of Python frames (torch.profiler's with_stack: category python_function)."""
+    flags = np.array([c == "python_function" for c in trace.cats] or [False], bool)
+    return flags[trace.cat_id] if len(trace.cats) else np.zeros(len(trace.ts), bool)
 
 
 @dataclass

@@ -91,7 +91,10 @@ def primary_calls(trace: Trace, cls: Classified) -> Calls:
     cats = np.array(CATEGORIES, dtype=object)[cls.category[pick].astype(np.int64)].tolist()
     sources = np.array(AXIS_SOURCES, dtype=object)[cls.axis_source[pick].astype(np.int64)].tolist()
     kind, kinds = factorize(list(zip(ops, [a or "other" for a in axes], cats, [s or "unknown" for s in sources])))
-    return Calls(pairs, pair, k, trace.ts[pick].astype(np.float64), (trace.ts[pick] + trace.dur[pick]).astype(np.float64),
+    end = (trace.ts[pick] + trace.dur[pick]).astype(np.float64)
+    if cls.call_end is not None:  # a c10d op's call runs on to the end of its wait or its work (blocking.py)
+        end = np.fmax(end, cls.call_end[pick])
+    return Calls(pairs, pair, k, trace.ts[pick].astype(np.float64), end,
                  cls.comm_bytes[pick].astype(np.float64), kinds, kind, cls.group_size[pick].astype(np.int64))
 
 

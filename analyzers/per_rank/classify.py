@@ -41,6 +41,7 @@ from commprobe.common.vocab import (
 )
 
 from ..readers.model import DEVICE_CATS, Trace, TraceError, codes
+from .blocking import count_once
 from .context import data_parallel, inherit_c10d, inherit_outer, sequence_parallel
 from .coordinates import declare
 
@@ -234,6 +235,7 @@ class Classified:
     seq: np.ndarray  # int64: the call's sequence number in its group (args Seq; a kernel's from its host op), -1
     links: dict = field(default_factory=dict)  # how communication kernels were linked to host ops (links.py)
     axis_notes: list[str] = field(default_factory=list)  # why an inferred axis is not the op's default
+    call_end: np.ndarray | None = None  # float64: where a call ends past its own event (its wait, its work), NaN
 
 
 # torch's names for the element types of "Input type" (record_function's recorded inputs)
@@ -319,6 +321,9 @@ def classify(trace: Trace, rules: list[Rule] = (), coords: dict[int, dict[str, i
     axis_notes += data_parallel(trace, category, comm_idx, comm_op, comm_axis, axis_source)
     inherit_outer(trace, category, comm_idx, comm_op, comm_axis, comm_bytes, axis_source, is_own_span,
                   lambda name: not is_own_span(name))
+    call_end, once_notes = count_once(trace, category, comm_idx, comm_op, comm_axis, axis_source, comm_bytes,
+                                      host_timeline=not trace.is_device().any())
+    axis_notes += [n for n in once_notes if "call(s) are" in n]
     counts = np.bincount(inverse, minlength=len(uniq)) if n else np.zeros(len(uniq), np.int64)
     unknown: dict[str, int] = {}
     for k, c in enumerate(name_classes):
@@ -326,7 +331,7 @@ def classify(trace: Trace, rules: list[Rule] = (), coords: dict[int, dict[str, i
             name = trace.names[int(uniq[k]) // ncat]
             unknown[name] = unknown.get(name, 0) + int(counts[k])
     cls = Classified(category, comm_bytes, comm_op, comm_axis, comm_group, group_size, unknown, axis_source,
-                     trace.arg_seq.copy(), axis_notes=axis_notes)
+                     trace.arg_seq.copy(), axis_notes=axis_notes, call_end=call_end)
     return cls
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..readers.coordinates import name_coordinates
 from ..readers.sources import traces_in
+from ..readers.stages import join
 from .attribution import rank_breakdown
 from .calls import Calls, primary_calls
 from .classify import Rule, classify
@@ -37,13 +38,21 @@ class RankSummary:
     axis_notes: list[str]  # why an axis is not the op's default (classify)
 
 
-def summarize(file: str | Path, rules: list[Rule] = (), rank_from: str | None = None,
+def _traces(file, rank_from: str | None):
+    """The ranks a unit of the map holds: a file's, or one rank's per-stage files read as one."""
+    if isinstance(file, tuple):
+        yield join([t for f in file for t in traces_in(f, rank_from)])
+    else:
+        yield from traces_in(file, rank_from)
+
+
+def summarize(file: str | Path | tuple, rules: list[Rule] = (), rank_from: str | None = None,
               coords: dict[int, dict[str, int]] | None = None) -> list[RankSummary]:
     """Everything the cross-rank step needs from each rank a file holds (one for a Kineto trace; one
     per process and device for an Nsight export), one rank in memory at a time. `coords`: every
     rank's coordinates from engines' file names (readers/coordinates.py), for the groups' axes."""
     out = []
-    for trace in traces_in(file, rank_from):
+    for trace in _traces(file, rank_from):
         name_coordinates(trace)
         cls = classify(trace, list(rules), coords)
         link_kernels_to_host_ops(trace, cls)
