@@ -328,3 +328,22 @@ def client_summary(cap: Capture) -> dict:
     return {"requests": len(cap.requests), "failed": len(cap.requests) - len(ok),
             "ttft_ms": 1e3 * statistics.median([r["ttft_s"] for r in ok]) if ok else None,
             "ttit_ms": 1e3 * statistics.median(ttit) if ttit else None}
+
+
+def record_prefill(cap: Capture, result: dict, prompt_len: int) -> dict | None:
+    """The prompt tokens sent against the prefill tokens the engine's step markers report (SGLang's
+    `step[EXTEND ... toks=T]` counts the uncached ones): what the server's prefix cache served is
+    written to the manifest (`prefill_tokens`), so a prefill that is not the prompt sent is seen.
+    None where the markers count no tokens."""
+    counted = [((r.get("phase_rule") or {}).get("engine_steps") or {}).get("prefill", {}).get("prefill_tokens")
+               for r in result.get("ranks", ())]
+    counted = [c for c in counted if isinstance(c, int)]
+    if not counted:
+        return None
+    sent = prompt_len * sum(1 for r in cap.requests if r.get("ok"))
+    facts = {"sent": sent, "prefilled": max(counted), "served_from_cache": max(0, sent - max(counted))}
+    path = cap.bundle / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["prefill_tokens"] = facts
+    write_json(path, manifest)
+    return facts

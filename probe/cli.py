@@ -292,7 +292,7 @@ def capture(
     from rich.progress import Progress
 
     from commprobe.analyzers.analysis import analyze as run_analysis
-    from commprobe.probe.capture import CaptureConfig, client_summary
+    from commprobe.probe.capture import CaptureConfig, client_summary, record_prefill
     from commprobe.probe.capture import capture as run_capture
     from commprobe.reports.terminal import render_analysis, render_next_steps
 
@@ -304,7 +304,7 @@ def capture(
                           on_request=lambda done, total: bar.update(task, completed=done))
     result = run_analysis(cap.bundle)
     facts = {"engine": cap.engine, "version": cap.version, "bundle": str(cap.bundle), "files": cap.files,
-             **client_summary(cap)}
+             **client_summary(cap), "prefill_tokens": record_prefill(cap, result, prompt_len)}
     if json_out:
         print(jsonout.dumps({"capture": facts, "analysis": result}))
         return

@@ -159,6 +159,8 @@ def test_a_server_whose_profiler_stopped_itself_still_gives_a_bundle(stub, tmp_p
     assert m["engine"]["name"] == "sglang" and "already stopped" in m["profiler_stopped_by_server"]
     assert sorted(p.name for p in out.glob("*.trace.json.gz")) == ["1796569413.65-TP-0.trace.json.gz",
                                                                    "1796569413.65-TP-1.trace.json.gz"]
+    assert m["prefill_tokens"] == {"sent": 3 * 32, "prefilled": 20, "served_from_cache": 76}  # the markers' toks
+    assert doc["capture"]["prefill_tokens"] == m["prefill_tokens"]
     seen = stub[2]
     assert "num_steps" not in seen["start"]
     firsts = [p.split(" ")[0] for p in seen["prompts"]]
