@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from commprobe.common import whatif_spec
 from commprobe.common.bundle import unprofiled_medians
 from commprobe.common.vocab import PROFILE_BACKENDS
 
@@ -35,12 +36,12 @@ OUTSIDE_NOISE = 0.25
 
 
 def parse(spec: str) -> tuple[str, str]:
-    """'backend=dda' or 'allreduce=dda' -> (what, backend); one-line TraceError otherwise."""
-    what, sep, backend = spec.partition("=")
-    what, backend = what.strip(), backend.strip()
-    if not sep or not what or not backend or any(c in backend for c in ",|"):
+    """'backend=dda' or 'allreduce=dda' -> (what, backend), read by the one --what-if parser
+    (common/whatif_spec.py); a layout or model key is one line here."""
+    s = whatif_spec.from_trace(spec)
+    if s.kind not in ("backend", "op"):
         raise TraceError(f"--what-if {spec!r}: one switch, backend=B or OP=B (allreduce=dda)")
-    return what, backend
+    return s.key, s.values[0]
 
 
 def predict(result: dict, path: str | Path, spec: str) -> dict:

@@ -20,27 +20,19 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from commprobe.common import whatif_spec
 from commprobe.common.bundle import read_manifest, sub_bundles
 
 from .calibrate import calibrate, options_of, workload_of
 from .costmodel import predict
 from .hardware import PlanError
 
-KEYS = ("tp", "cp", "ep")
-
 
 def parse(spec: str) -> tuple[str, int] | None:
-    """('tp', 4) for 'tp=4'; None when the spec is not a layout change."""
-    key, sep, val = spec.partition("=")
-    if key.strip() not in KEYS or not sep:
-        return None
-    try:
-        n = int(val.strip())
-    except ValueError:
-        raise PlanError(f"--what-if {spec}: {key.strip()}=N with N a whole number") from None
-    if n < 1:
-        raise PlanError(f"--what-if {spec}: {key.strip()} must be >= 1")
-    return key.strip(), n
+    """('tp', 4) for 'tp=4'; None when the spec is not a layout change (the one --what-if parser,
+    common/whatif_spec.py)."""
+    s = whatif_spec.from_trace(spec)
+    return (s.key, int(s.values[0])) if s.kind == "layout" else None
 
 
 def predict_layout(path: str | Path, spec: str, calibration: str) -> dict:
@@ -89,4 +81,17 @@ def _bundles(path: Path) -> list[Path]:
     return [path / d for d in subs.values()] if subs else [path]
 
 
-__all__ = ["parse", "predict_layout", "KEYS"]
+def predict_from(path: str | Path, spec: str, calibration: str) -> tuple[str, dict]:
+    """The one entry point of a prediction from a trace or bundle: the spec read once, then a
+    layout change (this module) or a backend switch (analyzers/whatif.py over the trace analyzed
+    against the calibration). Returns (the switch's kind, the prediction)."""
+    s = whatif_spec.from_trace(spec)
+    if s.kind == "layout":
+        return "layout", predict_layout(path, spec, calibration)
+    from commprobe.analyzers.analysis import analyze
+    from commprobe.analyzers.whatif import predict
+
+    return s.kind, predict(analyze(path, calibration=calibration), path, spec)
+
+
+__all__ = ["parse", "predict_from", "predict_layout"]

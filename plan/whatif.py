@@ -11,31 +11,23 @@ combinations the model cannot shard are listed with the reason.
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import replace
 
+from commprobe.common import whatif_spec
 from commprobe.reference_impl.cp_variant import VARIANTS
 
 from .costmodel import ALLREDUCE_ALGORITHMS, Layout, Options, Prediction, Workload, predict
 from .hardware import Hardware, PlanError
 
-KEYS = ("allreduce", "all_to_all", "cp_variant", "expert_imbalance", "tp", "cp", "ep", "batch", "prompt_len")
+KEYS = (*whatif_spec.MODEL, *whatif_spec.LAYOUT)
 
 
 def parse(spec: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for part in re.split(r",\s*(?=[a-z_]+\s*=)", spec.strip()):
-        if not part:
-            continue
-        key, sep, vals = part.partition("=")
-        key = key.strip()
-        if not sep or key not in KEYS:
-            raise PlanError(f"--what-if: {part!r} is not key=value (keys: {', '.join(KEYS)})")
-        alts = [v.strip() for v in re.split(r"[|,]", vals) if v.strip()]
-        if not alts:
-            raise PlanError(f"--what-if: {key} has no values")
-        out[key] = alts
-    return out
+    """A plan's alternatives, key -> values (the one --what-if parser, common/whatif_spec.py)."""
+    try:
+        return whatif_spec.for_model(spec)
+    except whatif_spec.WhatIfError as e:
+        raise PlanError(str(e)) from None
 
 
 def _apply(w: Workload, lay: Layout, opt: Options, key: str, val: str) -> tuple[Workload, Layout, Options]:

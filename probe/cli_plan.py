@@ -40,25 +40,17 @@ def plan(
     if ctx.invoked_subcommand is not None:
         return
     if from_trace:
-        from commprobe.analyzers.analysis import analyze
-        from commprobe.analyzers.readers.model import TraceError
-        from commprobe.analyzers.whatif import parse, predict
-        from commprobe.plan import fromtrace
-        from commprobe.plan.hardware import PlanError
+        from commprobe.common.errors import InputError
+        from commprobe.plan.fromtrace import predict_from
         from commprobe.reports.terminal import render_layout_whatif, render_trace_whatif
 
         if not what_if or not calibration:
             fail("plan --from needs --what-if backend=B (or OP=B, or tp=N) and --calibration")
         try:
-            if fromtrace.parse(what_if):
-                doc = fromtrace.predict_layout(from_trace, what_if, calibration)
-                render = render_layout_whatif
-            else:
-                parse(what_if)
-                doc = predict(analyze(from_trace, calibration=calibration), from_trace, what_if)
-                render = render_trace_whatif
-        except (TraceError, PlanError, ValueError, OSError) as e:
+            kind, doc = predict_from(from_trace, what_if, calibration)
+        except (InputError, ValueError, OSError) as e:
             fail(str(e))
+        render = render_layout_whatif if kind == "layout" else render_trace_whatif
         if json_out:
             print(jsonout.dumps(doc))
         else:

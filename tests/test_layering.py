@@ -15,7 +15,7 @@ ALLOWED = {
     "reference_impl": {"collectives", "common"},
     "analyzers": {"common"},
     "gate": {"analyzers", "common"},
-    "plan": {"common", "reference_impl"},
+    "plan": {"common", "reference_impl", "analyzers"},  # a prediction from a trace reads its analysis (issue 58)
     "reports": {"common"},
     "probe": set(PACKAGES),
 }
