@@ -14,20 +14,11 @@ import pytest
 
 from commprobe.analyzers.analysis import analyze
 from tests.conftest import invariant_violations
+from tests.test_first_contact_3 import _union
 
 SETS = ("manual", "by_stage", "merged")
 _API = re.compile(r"torch/distributed/distributed_c10d\.py\(\d+\): \w+$")
 _STEP = re.compile(r"^step\[(EXTEND|DECODE)")
-
-
-def _union(iv):
-    out = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
 
 
 def _raw(path: Path) -> dict:
