@@ -28,6 +28,7 @@ from commprobe.common.bundle import (
 from commprobe.common.errors import InputError
 from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
 
+from . import calibration as readcal  # the one calibration reader (the parameters below are named calibration)
 from .cross_rank import cause, headroom, matching
 from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
@@ -37,8 +38,8 @@ from .per_rank.classify import load_rules
 from .readers import remote
 from .readers.coordinates import table as name_table
 from .readers.files import RankSet, front_end_files, split_traces, trace_files
-from .readers.stages import group_files
 from .readers.model import TraceError
+from .readers.stages import group_files
 
 SCHEMA = "commprobe.analysis/1"
 
@@ -91,7 +92,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     axis_reasons: dict[str, str] = {}
     compile_rank_from(rank_from)  # a bad pattern is one line before any file is read
     sweep = calibration_rows(calibration) if calibration else None
-    cal_source = "; ".join(str(c) for c in _paths(calibration)) if calibration else None
+    cal_source = "; ".join(str(c) for c in readcal.paths_of(calibration)) if calibration else None
     rank_set = RankSet(path)
     files_in, other_docs = trace_files(path), []
     if len(files_in) > 1 or (not url and Path(path).is_dir()):  # a directory: other documents beside the traces
@@ -204,13 +205,6 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     }, calls, waits, {"costs": costs, "targets": tgt, "offset": offset, "own": own}
 
 
-def _paths(calibration) -> list:
-    """One calibration path, several (a list), or several joined by commas."""
-    if isinstance(calibration, (list, tuple)):
-        return [p for c in calibration for p in _paths(c)]
-    return [p for p in str(calibration).split(",") if p] if isinstance(calibration, str) else [calibration]
-
-
 def calibration_rows(path) -> list[dict]:
     """The calibration's rows (backend, op, bytes, world, time_us, p10_us): a sweep's JSON
     (`commprobe bench collectives --json`), or a healthy run of the same job (a bundle, traces or
@@ -219,7 +213,7 @@ def calibration_rows(path) -> list[dict]:
     --backend gloo,dda`) gives each backend's rows; several paths (a list, or joined by commas)
     give all their rows: the zero-skew baseline takes the trace's own backend's, the headroom
     (cross_rank/headroom.py) every backend's."""
-    paths = _paths(path)
+    paths = readcal.paths_of(path)
     if len(paths) != 1:
         return [row for p in paths for row in calibration_rows(p)]
     p = Path(paths[0])
@@ -228,16 +222,11 @@ def calibration_rows(path) -> list[dict]:
         if subs:
             return [row for d in subs.values() for row in calibration_rows(p / d)]
     if p.suffix == ".json" and p.is_file():
-        try:
-            doc = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            doc = None
-        if doc is None:
-            return cause.read_calibration(p)  # says in one line why it is not one
+        doc = readcal.read_json(p)  # says in one line why it is not one
         if not (isinstance(doc, dict) and str(doc.get("schema", "")).startswith("commprobe.analysis/")):
-            return cause.calibration_from(doc, p)
+            return readcal.sweep_rows(doc, p)
     elif not p.exists():
-        raise cause.CalibrationError(f"{path}: no such calibration (a sweep's JSON, or a healthy run's bundle)")
+        raise readcal.CalibrationError(f"{path}: no such calibration (a sweep's JSON, or a healthy run's bundle)")
     res = load_result(p)
     backend = cause.backend_of(res.get("manifest"), [])
     outside = headroom.outside_calls(res["ranks"])
@@ -249,8 +238,8 @@ def calibration_rows(path) -> list[dict]:
              "job": job_of(res.get("manifest"))}
             for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
     if not rows or not backend:
-        raise cause.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and its "
-                                     f"backend (a commprobe bundle)")
+        raise readcal.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and "
+                                           f"its backend (a commprobe bundle)")
     return rows
 
 

@@ -22,13 +22,13 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from commprobe.analyzers import calibration as readcal
 from commprobe.common.bundle import (
     BundleError,
     read_manifest,
@@ -203,14 +203,10 @@ def calibrate(paths: list[str], name: str = "this-machine", devices: int | None 
         if p.is_dir():
             runs.append(read_run(p))
         else:
-            try:
-                data = json.loads(p.read_text())
-            except (OSError, ValueError) as e:
-                raise PlanError(f"{p}: not a sweep JSON or a bundle ({e})") from None
-            if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-                raise PlanError(f"{p}: expected the JSON list of `commprobe bench collectives --json` "
-                               "(or `bench time-sharing --json`)")
-            rows += data
+            doc = readcal.read_json(p)  # the one calibration reader: checked rows, one line otherwise
+            shared = readcal.time_sharing_rows(doc)
+            rows += shared + (readcal.sweep_rows(doc, p) if not shared else
+                              [r for r in map(readcal.collective_row, readcal.listed(doc)) if r is not None])
     links = fit_links(rows)
     if "ring" not in links and "dda" not in links:
         raise PlanError("calibration needs a sweep with 2-rank allreduce rows (commprobe bench collectives --json)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from commprobe.analyzers import calibration as readcal
 from commprobe.common import whatif_spec
 from commprobe.common.bundle import read_manifest, sub_bundles
 
@@ -43,7 +44,7 @@ def predict_layout(path: str | Path, spec: str, calibration: str) -> dict:
     if not (p.is_dir() and (p / "manifest.json").is_file()):
         raise PlanError(f"--what-if {spec} from {path}: a layout change needs the model's shapes, which only a "
                         "commprobe bundle records (another engine's trace cannot tell them)")
-    parts = [c for c in str(calibration).split(",") if c]
+    parts = [str(c) for c in readcal.paths_of(calibration)]
     sweeps = [c for c in parts if Path(c).suffix == ".json"]
     others = [b for c in parts if Path(c).is_dir() for b in _bundles(Path(c)) if b.resolve() != p.resolve()]
     if not sweeps:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from commprobe.analyzers.cross_rank import cause
 from commprobe.analyzers.cross_rank.verdict import phase_summary
 from commprobe.probe.faults import perf_fault
 from tests.conftest import invariant_violations, run_cli
@@ -126,10 +125,12 @@ def test_a_stop_inside_a_call_is_the_stopped_ranks_own_delay():
 def test_calibration_file_errors_are_one_line(tmp_path):
     bad = tmp_path / "cal.json"
     bad.write_text("[1, 2]")
-    with pytest.raises(cause.CalibrationError) as e:
-        cause.read_calibration(bad)
+    from commprobe.analyzers import calibration
+
+    with pytest.raises(calibration.CalibrationError) as e:
+        calibration.read_sweep(bad)
     assert "\n" not in str(e.value)
-    rows = cause.read_calibration(_sweep(tmp_path))
+    rows = calibration.read_sweep(_sweep(tmp_path))
     assert rows[0]["p10_us"] == 9.0 <= rows[0]["time_us"]
 
 

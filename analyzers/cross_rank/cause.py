@@ -30,13 +30,10 @@ copies, idle = time outside any recorded op): what it does while the others wait
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 
-from commprobe.common.errors import InputError
 from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 from commprobe.common.vocab import COMM_CATS
 
@@ -52,40 +49,6 @@ SLOW_RATIO = 2.0
 SLOW_BAR = 0.1
 TRACE_PERCENTILE = 10
 DOING = ("compute", "other", "memcpy", "idle")
-
-
-class CalibrationError(InputError):
-    pass
-
-
-def read_calibration(path: str | Path) -> list[dict]:
-    """Rows of `commprobe bench collectives --json` (backend, op, bytes, world, time_us): a list,
-    or an object with them under "rows". One line for anything else."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CalibrationError(f"{path}: not a calibration file ({type(e).__name__})") from None
-    return calibration_from(doc, path)
-
-
-def calibration_from(doc, path: str | Path) -> list[dict]:
-    """The checked rows of a parsed sweep (see read_calibration)."""
-    rows = doc.get("rows") if isinstance(doc, dict) else doc
-    ok = []
-    for r in rows if isinstance(rows, list) else []:
-        try:
-            row = {"backend": str(r["backend"]), "op": str(r["op"]), "bytes": int(r["bytes"]),
-                   "world": int(r.get("world", 0)), "time_us": float(r["time_us"])}
-            batches = [float(b) for b in r.get("batches_us") or [] if float(b) > 0]
-            row["p10_us"] = float(r.get("p10_us") or (min(batches) if batches else row["time_us"]))
-        except (TypeError, KeyError, ValueError, OverflowError):
-            continue
-        if row["bytes"] > 0 and math.isfinite(row["time_us"]) and row["time_us"] > 0:
-            ok.append(row)
-    if not ok:
-        raise CalibrationError(f"{path}: no sweep rows (backend, op, bytes, time_us): write one with "
-                               f"`commprobe bench collectives --json > FILE`")
-    return ok
 
 
 def backend_of(manifest: dict | None, rows: list[dict]) -> str | None:
