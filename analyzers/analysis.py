@@ -26,14 +26,13 @@ from commprobe.common.bundle import (
     unprofiled_medians,
 )
 from commprobe.common.errors import InputError
-from commprobe.common.vocab import COMM_CATS, WORK_CATEGORIES
+from commprobe.common.vocab import WORK_CATEGORIES
 
 from . import calibration as readcal  # the one calibration reader (the parameters below are named calibration)
-from .cross_rank import cause, headroom, matching
+from .cross_rank import cause, headroom
 from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
-from .cross_rank.straggler import stands_out
-from .cross_rank.verdict import phase_summary
+from .cross_rank.reduce import Reduced, reduce_ranks
 from .per_rank.classify import load_rules
 from .readers import remote
 from .readers.coordinates import table as name_table
@@ -64,15 +63,13 @@ def analyze(path: str | Path, **kw) -> dict:
 
 def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, threshold: float = 0.2,
                        align: str = "base", jobs: int = 1, scheduler: str | None = None, rank_from: str | None = None,
-                       calibration: str | Path | None = None) -> tuple[dict, dict, dict, dict]:
+                       calibration: str | Path | None = None) -> tuple[dict, Reduced]:
     """Map each rank's trace to a summary (cross_rank/rank_map.py; `jobs` > 1: in that many worker processes;
     `scheduler`: on that Dask cluster), then reduce across ranks. The result does not depend on
     where the map ran. `calibration`: the zero-skew baseline that tells a slow transport from its
     floor, a sweep of this machine's collectives or a healthy run of the same job (calibration_rows).
-    Returns (result, per rank its collective calls on the run's clock, per rank their (wait,
-    transfer, last arriver, ...) arrays, and with a calibration per rank each call's cost and each
-    backend's calibrated time, with the conditions offset per op): what a trace export draws beside
-    the result."""
+    Returns (result, the reduce's Reduced: per rank its collective calls on the run's clock and
+    their per-call facts, what a trace export draws beside the result; cross_rank/reduce.py)."""
     t0 = time.perf_counter()
     url = remote.is_url(path)  # an fsspec URL: traces only (a bundle is a local directory)
     path = path if url else Path(path)
@@ -139,46 +136,9 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         notes.append(f"{len(other_docs)} file(s) beside the traces skipped: "
                      + "; ".join(f"{Path(d['file']).name} ({d['why']})" for d in other_docs))
     skipped += other_docs
-    origin = min(origins.values())
-    for r, cs in calls.items():  # one clock for the run: the earliest rank's base
-        shift = (origins[r] - origin) / 1000.0
-        cs.start += shift
-        cs.end += shift
-    for rk in ranks:  # windows and timelines on the run's clock too (µs since `origin_ns`)
-        shift = (origins[rk["rank"]] - origin) / 1000.0
-        rk["windows"] = {ph: [[a + shift, b + shift] for a, b in sp] for ph, sp in rk["windows"].items()}
-        for seg in rk["segments"].values():
-            seg["start_us"] += shift
-    offsets = matching.align_offsets(calls) if align == "collective-end" else None
-    rule, why = matching.arrival_rule(calls, {rk["rank"]: rk["identity"].get("host") for rk in ranks}, offsets)
-    matched = matching.match(calls, offsets, rule)
-    matched["arrival_rule_why"] = why
-    waits = matched.pop("_waits")
-    baselines, floors, baseline = cause.call_baselines(calls, waits, sweep, manifest)
-    own = cause.backend_of(manifest, []) if sweep else None  # the run's own, never guessed from the calibration
-    costs = {r: matching.cost(c, waits[r]) for r, c in calls.items() if r in waits}
-    tgt = {r: headroom.targets(c, sweep, len(calls)) for r, c in calls.items()} if sweep else {}
-    offset, raw_offset = headroom.conditions(calls, waits, costs, tgt, own)
-    _phase_waits(ranks, calls, waits, baselines, floors, costs, tgt, offset)
-    _name_straggler(matched, ranks)
-    buckets = matching.size_buckets(calls, waits)
-    provenance = _provenance(calls)
-    axes = _provenance(calls, field=1)
-    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline)
-    room = None
-    if sweep:
-        outside = headroom.median_per_run(sweep, "outside_us_per_window")
-        job = job_of(manifest)  # only runs of this job lend their profiler share (whatif.py)
-        total = sum(len(c) for c in calls.values())
-        lone = total - matched["matched_calls"] * len(calls)  # one rank's trace: none matched
-        room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
-                                outside, (lone, total), headroom.median_per_run(
-                                    [r for r in sweep if r.get("job") == job], "unprofiled_ratio"))
-        room["collectives"] = headroom.collectives(calls, costs, tgt, offset)
-        for ph, p in phases.items():
-            line = headroom.advice(room, ph)
-            if line:
-                p["recommendations"].insert(0, line)
+    red = reduce_ranks(ranks, calls, origins, graphs, align=align, threshold=threshold, sweep=sweep,
+                       manifest=manifest, cal_source=cal_source)
+    origin = red.origin
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None, "rank_rule": chosen.rule,
@@ -188,11 +148,11 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         "threshold": threshold,
         "align": align,
         "ranks": ranks,
-        "phases": phases,
-        "collectives": matched,
-        "message_sizes": buckets,
-        "axis_provenance": provenance,
-        "axes_by_category": axes,
+        "phases": red.phases,
+        "collectives": red.matched,
+        "message_sizes": red.buckets,
+        "axis_provenance": red.provenance,
+        "axes_by_category": red.axes,
         "axis_reasons": dict(sorted(axis_reasons.items())),
         "kernel_links": links,
         "graphs": {str(r): g for r, g in sorted(graphs.items())},
@@ -200,9 +160,9 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         "telemetry": None if url else _telemetry(path, manifest, origin),
         "unclassified": {"count": sum(unknown.values()),
                          "names": [{"name": n, "count": c} for n, c in sorted(unknown.items(), key=lambda kv: -kv[1])[:50]]},
-        "headroom": room,
+        "headroom": red.room,
         "elapsed_s": time.perf_counter() - t0,
-    }, calls, waits, {"costs": costs, "targets": tgt, "offset": offset, "own": own}
+    }, red
 
 
 def calibration_rows(path) -> list[dict]:
@@ -241,84 +201,6 @@ def calibration_rows(path) -> list[dict]:
         raise readcal.CalibrationError(f"{path}: a calibration run needs matched collectives of known size and "
                                            f"its backend (a commprobe bundle)")
     return rows
-
-
-def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:
-    """Per communication category, how many calls had their axis declared, inferred or unknown
-    (`field` 1: how many were on each axis)."""
-    out: dict[str, dict[str, int]] = {}
-    for c in calls.values():
-        if not len(c):
-            continue
-        counts = np.bincount(c.kind, minlength=len(c.kinds))
-        for kind, n in zip(c.kinds, counts.tolist()):
-            if n:
-                out.setdefault(kind[2], {}).setdefault(kind[field], 0)
-                out[kind[2]][kind[field]] += n
-    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
-
-
-def _name_straggler(matched: dict, ranks: list[dict]) -> None:
-    """The straggler by the verdict's own rule and scope (cross_rank/straggler.py): the waiting the
-    calls inside the phases' windows hold, per rank that caused it. Calls outside every window (an
-    engine's start-up broadcast where one rank waited 100 ms for another's load) are not the steps
-    a verdict reads, so they name no straggler; the table's rows still count every matched call."""
-    if not matched["matched_calls"]:
-        return
-    caused: dict[int, float] = {}
-    for rk in ranks:
-        for p in rk["phases"].values():
-            for acc in (p.get("comm_calls") or {}).values():
-                for who, us in acc["wait_by_last"].items():
-                    caused[int(who)] = caused.get(int(who), 0.0) + us
-    name, top, share = stands_out(caused)
-    matched["straggler"] = name
-    matched["straggler_rule"].update(most_waiting_caused_by=top, share=round(share, 4),
-                                     scope="the matched calls inside the phases' windows")
-
-
-def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | None = None,
-                 floors: dict | None = None, costs: dict | None = None, targets: dict | None = None,
-                 offset: dict | None = None) -> None:
-    """Per rank, phase and communication category: `exposed_wait_us`, the part of the exposed time
-    spent waiting for a straggler (matched calls that start in the phase's windows; on a host
-    timeline all of a collective's time is exposed, on a device the wait is capped by the
-    category's exposed time); `comm_calls`, the calls behind it (cross_rank/cause.py); and
-    `switch_calls`, their cost per op and what each calibrated backend would save (headroom.py)."""
-    for rk in ranks:
-        r = rk["rank"]
-        rc = calls.get(r)
-        known = rc is not None and len(rc) and r in waits
-        if known:  # per rank, once: each call's category, op and cost
-            cat, ops = rc.category(), rc.op()
-            cost = (costs or {}).get(r)
-            if cost is None:
-                cost = matching.cost(rc, waits[r])
-        for phase, spans in rk["windows"].items():
-            cats = rk["phases"][phase]["categories"]
-            for c in COMM_CATS:
-                cats[c]["exposed_wait_us"] = 0.0
-            if not spans:
-                continue
-            if not known:
-                continue
-            lo = np.array([a for a, _ in spans])
-            hi = np.array([b for _, b in spans])
-            k = np.searchsorted(lo, rc.start, side="right") - 1
-            in_win = (k >= 0) & (rc.start < hi[np.maximum(k, 0)])
-            inside = in_win & (waits[r][0] > 0)  # NaN (unmatched) is not > 0
-            base = (baselines or {}).get(r, np.full(len(rc), np.nan))
-            floor = (floors or {}).get(r)
-            for name in COMM_CATS:
-                mine = in_win & (cat == name)
-                if not mine.any():
-                    continue
-                sel = inside & mine
-                cats[name]["exposed_wait_us"] += float(waits[r][0][sel].sum())
-                cause.accumulate(rk, phase, name, mine, waits[r], base, floor)
-                headroom.accumulate(rk, phase, name, mine, ops, cost, (targets or {}).get(r) or {}, offset or {})
-            for c in COMM_CATS:
-                cats[c]["exposed_wait_us"] = min(cats[c]["exposed_wait_us"], cats[c]["exposed_us"])
 
 
 def analyze_backends(path: str | Path, jobs: int = 1, calibration=None) -> dict[str, dict] | None:

@@ -36,6 +36,7 @@ from commprobe.common.vocab import CATEGORY_LABEL
 
 from .analysis import SCHEMA, analyze_with_calls
 from .cross_rank.headroom import call_savings
+from .cross_rank.reduce import Reduced
 from .per_rank import intervals as iv
 from .per_rank.attribution import exposure
 from .per_rank.classify import CATEGORIES, COMM_CODES, MEMCPY, classify, load_rules
@@ -113,9 +114,9 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
     if not out.name.endswith((".json", ".json.gz")):
         raise PerfettoError(f"--perfetto {out}: the file name must end in .json or .json.gz")
     wanted = parse_ranks(ranks)
-    result, calls, waits, per_call = analyze_with_calls(path, rules_file=rules_file, align=align,
-                                                        rank_from=rank_from, threshold=threshold,
-                                                        calibration=calibration, jobs=jobs)
+    result, red = analyze_with_calls(path, rules_file=rules_file, align=align, rank_from=rank_from,
+                                     threshold=threshold, calibration=calibration, jobs=jobs)
+    calls, waits = red.calls, red.waits
     if window is not None and window not in result["phases"]:
         raise PerfettoError(f"--window {window}: this trace's phases are {', '.join(result['phases']) or 'none'}")
     by_file: dict[str, list[dict]] = {}
@@ -145,7 +146,7 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
         for r in sorted(written):  # the waits: matched calls are on the run's clock already
             written[r]["waiting_slices"] = _waits(w, r, calls.get(r), waits.get(r), offsets, written, window,
                                                   result["ranks"])
-            written[r]["switch_slices"] = _savings(w, r, calls.get(r), waits.get(r), per_call, offsets, written,
+            written[r]["switch_slices"] = _savings(w, r, calls.get(r), waits.get(r), red, offsets, written,
                                                    window)
     except BaseException:
         w.abandon()
@@ -280,13 +281,13 @@ def _waits(w: _Writer, r: int, calls, waits, offsets: dict, written: dict, windo
     return total
 
 
-def _savings(w: _Writer, r: int, calls, waits, per_call: dict, offsets: dict, written: dict,
+def _savings(w: _Writer, r: int, calls, waits, red: Reduced, offsets: dict, written: dict,
              window: str | None) -> dict[str, float]:
     """Rank r's matched calls, per calibrated backend other than the trace's own: what switching
     would save on each (cross_rank/headroom.py, before the exposed share the phase totals apply),
     drawn as the call's last µs that would go. Returns µs drawn per backend."""
-    tgt = (per_call.get("targets") or {}).get(r) or {}
-    cost = (per_call.get("costs") or {}).get(r)
+    tgt = (red.targets or {}).get(r) or {}
+    cost = (red.costs or {}).get(r)
     if calls is None or waits is None or cost is None or not len(calls):
         return {}
     sel = np.ones(len(calls), bool)  # unmatched calls too, whole (an upper bound: args say so)
@@ -295,10 +296,10 @@ def _savings(w: _Writer, r: int, calls, waits, per_call: dict, offsets: dict, wr
         start_al = calls.start - offsets.get(r, 0.0)
         sel &= _overlaps(start_al, start_al + (calls.end - calls.start), sorted(spans))
     ops = calls.op()
-    offset = per_call.get("offset") or {}
+    offset = red.offset or {}
     out = {}
     for k, (b, t) in enumerate(sorted(tgt.items())):
-        if b == per_call.get("own"):
+        if b == red.own:
             continue
         save = call_savings(cost, t, ops, offset)
         m = sel & ~np.isnan(t) & (save > 0)

@@ -187,8 +187,8 @@ def check_all(path) -> list[str]:
     """Every invariant of one input: the result's own, and its per-call waits."""
     from commprobe.analyzers.analysis import analyze_with_calls
 
-    result, calls, waits, _ = analyze_with_calls(path)
-    return check(result, Path(path)) + check_waits(result, calls, waits)
+    result, red = analyze_with_calls(path)
+    return check(result, Path(path)) + check_waits(result, red.calls, red.waits)
 
 
 def _raw_dumps(directory: Path) -> dict[int, dict]:

@@ -44,8 +44,8 @@ def invariant_violations(result: dict, raw: Path | None = None, source=None) -> 
     if source is not None:
         from commprobe.analyzers.analysis import analyze_with_calls
 
-        again, calls, waits, _ = analyze_with_calls(source)
-        bad += _INVARIANTS.check_waits(again, calls, waits)
+        again, red = analyze_with_calls(source)
+        bad += _INVARIANTS.check_waits(again, red.calls, red.waits)
     return bad
 
 

@@ -28,7 +28,8 @@ def test_the_wait_invariants_fire_on_a_straggler_named_against_its_waits(real_tr
     from commprobe.analyzers.analysis import analyze_with_calls
 
     path = real_traces / "facebookresearch-param"
-    result, calls, waits, _ = analyze_with_calls(path)
+    result, red = analyze_with_calls(path)
+    calls, waits = red.calls, red.waits
     assert invariants.check_waits(result, calls, waits) == []
 
     def broken(edit_result=None, edit_waits=None) -> list[str]:
