@@ -83,6 +83,7 @@ def trace_files(path: str | Path) -> list[Path | str]:
 
 
 SNIFF_BYTES = 16 << 20  # JSON this small is parsed whole to tell a trace from another document
+HEAD_BYTES = 1 << 20  # where a trace's own keys are looked for first
 
 
 def not_a_trace(path: Path) -> str | None:
@@ -99,12 +100,16 @@ def not_a_trace(path: Path) -> str | None:
     try:
         if path.stat().st_size > SNIFF_BYTES:
             return None
-        data = path.read_bytes()
-        if name.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                data = f.read(SNIFF_BYTES * 8 + 1)
-            if len(data) > SNIFF_BYTES * 8:
+        with (gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb")) as f:
+            head = f.read(HEAD_BYTES)
+            # a trace says so in its first bytes (a bare list of events; Kineto's traceEvents key follows
+            # its few metadata keys; rocprofv3's key comes first): no whole parse of it here, its
+            # reader parses it once
+            if head.lstrip()[:1] != b"{" or b'"traceEvents"' in head or b'"rocprofiler-sdk-tool"' in head:
                 return None
+            data = head + f.read(SNIFF_BYTES * 8 + 1 - len(head))
+        if len(data) > SNIFF_BYTES * 8:
+            return None
         doc = json.loads(data)
     except (OSError, ValueError, EOFError, RecursionError):
         return None  # unreadable or not JSON: its reader says why
