@@ -12,8 +12,8 @@ The caller then blocks in `Work.wait()`, which a trace with Python stacks record
 call `<built-in method wait of ...>` right after the c10d op returns, both inside torch's own API
 frame (`distributed_c10d.py(N): all_reduce`). Where that frame is recorded it is the collective's
 time on its thread (communication, of the c10d op's category: what a careful reading of a real
-SGLang server's trace counts), else the wait after the op; the call ends when it ends; the backend's worker-thread op is then not the caller's time and
-leaves the host timeline (on gloo it runs while the caller may still compute). Where no wait is
+SGLang server's trace counts), else the wait after the op; the call ends when it ends; the
+backend's worker-thread op of such a call is then not the caller's time and leaves the host timeline (on gloo it runs while the caller may still compute). Where no wait is
 recorded, the worker op stays the evidence of the collective's time, as before.
 
 The axis of a collective whose op alone told it (inferred) is taken from the function that called
@@ -31,11 +31,11 @@ import numpy as np
 from commprobe.common.vocab import AxisSource, Category, category_for
 
 from ..readers.model import Trace
+from .context import is_c10d, pair_backend_work
 
 MARKER = int(Category.MARKER)
 INFERRED, UNKNOWN = int(AxisSource.INFERRED), int(AxisSource.UNKNOWN)
 WAIT_GAP_US = 500.0  # a wait this soon after its c10d op returns is that op's (Python's own step between them)
-_BACKENDS = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:", "ncclx:")
 _WAIT = "<built-in method wait of"
 # the calling function's name -> the axis it declares (vLLM's and SGLang's parallel_state API)
 _CALLER_AXES = ((re.compile(r"\btensor_model_parallel_|\battention_tensor_model_parallel_|\bget_tp_group\b"), "tp"),
@@ -47,51 +47,48 @@ def count_once(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op
     """Per event, the end of the call it begins where that is later than its own end (NaN
     elsewhere): a c10d op's blocking wait or its backend work. Backend ops paired with a c10d op
     lose their op (no call of their own) and lend it their size where it records none; waits take
-    their c10d op's category. Returns the ends
-    and what was done, in words."""
+    their c10d op's category. Returns the ends and what was done, in words."""
     call_end = np.full(len(trace.ts), np.nan)
     notes: list[str] = []
     if not comm_idx.size:
         return call_end, notes
-    c10d = comm_idx[trace.events_named(comm_idx, lambda n: n.startswith("c10d::"))]
-    work = comm_idx[trace.events_named(comm_idx, lambda n: n.startswith(_BACKENDS))]
+    c10d = comm_idx[trace.events_named(comm_idx, is_c10d)]
     if not c10d.size:
         return call_end, notes
     c10d = c10d[np.argsort(trace.ts[c10d], kind="stable")]
     ends = trace.ts + trace.dur
     notes += _caller_axes(trace, c10d, category, comm_op, comm_axis, axis_source)
-    framed = _frames(trace, c10d, category, comm_op, comm_axis, axis_source, call_end)
-    waited = _waits(trace, c10d, category, comm_op, comm_axis, axis_source, call_end)
+    framed = _frames(trace, c10d, ends, category, comm_op, comm_axis, axis_source, call_end)
+    waited = _waits(trace, c10d, ends, category, comm_op, comm_axis, axis_source, call_end)
     if framed:
         notes.append(f"{framed} collective(s) timed by their torch.distributed call (a Python frame: checks, enqueue "
                      f"and Work.wait() together), the time their caller spends in them")
     if waited:
         notes.append(f"{waited} collective(s) block their caller in Work.wait() (recorded as a Python call): that "
                      f"wait is their time on the calling thread")
-    waited += framed
-    if work.size:
-        j = np.searchsorted(trace.ts[c10d], trace.ts[work], side="right") - 1
-        paired = 0
-        for i, k in zip(work[j >= 0].tolist(), c10d[j[j >= 0]].tolist()):
-            if comm_op[k] is None:
-                continue
-            paired += 1
-            comm_op[i] = None  # the c10d op is the call; its work is no second one
-            if np.isnan(comm_bytes[k]):  # a TensorList's size is recorded on the work's tensor
-                comm_bytes[k] = comm_bytes[i]
-            if np.isnan(call_end[k]) or not waited:
-                call_end[k] = max(ends[k], ends[i], 0.0 if np.isnan(call_end[k]) else call_end[k])
-            if waited and host_timeline:
-                category[i] = MARKER  # the caller's wait is its time; the worker's run is not the caller's
-        if paired:
-            notes.append(f"{paired} backend op(s) on worker threads are the work of the c10d op called: one call each")
+    timed = ~np.isnan(call_end)  # the calls whose blocking time on their caller's thread is recorded
+    paired = 0
+    for i, k in zip(*pair_backend_work(trace, comm_idx)):
+        if comm_op[k] is None:
+            continue
+        paired += 1
+        comm_op[i] = None  # the c10d op is the call; its work is no second one
+        if np.isnan(comm_bytes[k]):  # a TensorList's size is recorded on the work's tensor
+            comm_bytes[k] = comm_bytes[i]
+        if not timed[k]:  # no recorded wait: the call runs until its work ends
+            call_end[k] = np.fmax(call_end[k], max(ends[k], ends[i]))
+        elif host_timeline:
+            category[i] = MARKER  # the caller's wait is its time; the worker's run is not the caller's
+    if paired:
+        notes.append(f"{paired} backend op(s) on worker threads are the work of the c10d op called: one call each")
     return call_end, notes
 
 
 _API_FRAME = re.compile(r"(?:^|/)torch/distributed/distributed_c10d\.py\(\d+\): \w+$")
 
 
-def _frames(trace: Trace, c10d: np.ndarray, category, comm_op, comm_axis, axis_source, call_end) -> int:
+def _frames(trace: Trace, c10d: np.ndarray, ends: np.ndarray, category, comm_op, comm_axis, axis_source,
+            call_end) -> int:
     """Each c10d op's enclosing call of torch.distributed's own API (`distributed_c10d.py(N):
     all_reduce`, a Python frame on its thread): argument checks, the enqueue and `Work.wait()`
     together, the time the program spends in the collective. It takes the op's category and the
@@ -101,7 +98,6 @@ def _frames(trace: Trace, c10d: np.ndarray, category, comm_op, comm_axis, axis_s
     if not frames.size:
         return 0
     frames = frames[np.argsort(trace.ts[frames], kind="stable")]
-    ends = trace.ts + trace.dur
     n = 0
     for k in c10d.tolist():
         if comm_op[k] is None:
@@ -116,13 +112,13 @@ def _frames(trace: Trace, c10d: np.ndarray, category, comm_op, comm_axis, axis_s
     return n
 
 
-def _waits(trace: Trace, c10d: np.ndarray, category, comm_op, comm_axis, axis_source, call_end) -> int:
+def _waits(trace: Trace, c10d: np.ndarray, ends: np.ndarray, category, comm_op, comm_axis, axis_source,
+           call_end) -> int:
     """Pair each recorded `Work.wait()` with the c10d op on its thread that returned just before it."""
     is_wait = np.fromiter((n.startswith(_WAIT) for n in trace.names), bool, len(trace.names))
     waits = np.flatnonzero(is_wait[trace.name_id])
     if not waits.size:
         return 0
-    ends = trace.ts + trace.dur
     n = 0
     for tid in np.unique(trace.tid_id[c10d]).tolist():
         ops = c10d[trace.tid_id[c10d] == tid]

@@ -115,7 +115,7 @@ def data_parallel(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm
             f"{', FSDP hooks' if fsdp else ''}) and nothing of tensor parallelism"]
 
 
-def _is_c10d(name: str) -> bool:
+def is_c10d(name: str) -> bool:
     return name.startswith("c10d::")
 
 
@@ -131,6 +131,22 @@ def _is_backend_op(name: str) -> bool:
 IMPLEMENTED_AS = {("allreduce", "reduce_scatter")}
 
 
+def pair_backend_work(trace: Trace, comm_idx: np.ndarray) -> tuple[list[int], list[int]]:
+    """(backend ops, the c10d op each runs): gloo runs a collective's work on its worker threads
+    after the c10d op returns, with nothing in the trace tying the two, so each backend op is paired
+    with the c10d op that started last before it (a blocking call waits for its work before the
+    next is issued). Used to relabel the work (inherit_c10d) and to count it once (blocking.py)."""
+    if not comm_idx.size:
+        return [], []
+    c10d = comm_idx[trace.events_named(comm_idx, is_c10d)]
+    work = comm_idx[trace.events_named(comm_idx, _is_backend_op)]
+    if not c10d.size or not work.size:
+        return [], []
+    c10d = c10d[np.argsort(trace.ts[c10d], kind="stable")]
+    j = np.searchsorted(trace.ts[c10d], trace.ts[work], side="right") - 1
+    return work[j >= 0].tolist(), c10d[j[j >= 0]].tolist()
+
+
 def inherit_c10d(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_op: list, comm_axis: list,
                   comm_bytes: np.ndarray, axis_source: np.ndarray) -> None:
     """A backend's op (`gloo:all_reduce`) is the work of the c10d op the program called
@@ -140,15 +156,7 @@ def inherit_c10d(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, comm_
     paired with the c10d op that started last before it (a blocking call waits for its work before
     the next is issued); and only the known implementations (`IMPLEMENTED_AS`) change the op, so a
     pairing that is off among overlapping async calls cannot relabel anything else."""
-    if not comm_idx.size:
-        return
-    c10d = comm_idx[trace.events_named(comm_idx, _is_c10d)]
-    work = comm_idx[trace.events_named(comm_idx, _is_backend_op)]
-    if not c10d.size or not work.size:
-        return
-    c10d = c10d[np.argsort(trace.ts[c10d], kind="stable")]
-    j = np.searchsorted(trace.ts[c10d], trace.ts[work], side="right") - 1
-    for i, k in zip(work[j >= 0].tolist(), c10d[j[j >= 0]].tolist()):
+    for i, k in zip(*pair_backend_work(trace, comm_idx)):
         if (comm_op[i], comm_op[k]) not in IMPLEMENTED_AS:
             continue
         category[i] = category[k]
