@@ -102,7 +102,7 @@ def parted_at(f: dict, dumps: list[RankDump]) -> float:
                 times.append(e["time_created_ns"])
             elif e is None and d.entries and (progress(d, f["group"])[0] or 0) >= q:
                 # entered, its record trimmed away: older than every record the ring still holds
-                times.append(min(x["time_created_ns"] or (1 << 62) for x in d.entries) - 1)
+                times.append(_index(d)["oldest"] - 1)
     return float(min(times)) if times else float("inf")
 
 

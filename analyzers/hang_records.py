@@ -69,7 +69,9 @@ def _index(d: RankDump) -> dict:
             if isinstance(c, dict):
                 cfg.setdefault(str(c.get("name")), c)
         idx = {"seqs": seqs, "pgs": {e["pg_name"] for e in d.entries}, "cfg": cfg,
-               "status": _status_by_name(d.pg_status, names, cfg)}
+               "status": _status_by_name(d.pg_status, names, cfg),
+               # the ring's oldest record: what a record it no longer holds is older than
+               "oldest": min((e["time_created_ns"] or (1 << 62) for e in d.entries), default=None)}
         d._index = idx
     return idx
 
