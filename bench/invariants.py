@@ -119,6 +119,8 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
     last_count = {r: 0 for r in calls}
     caused = {r: 0.0 for r in calls}
     caused_in = {r: 0.0 for r in calls}
+    squares_in = {r: 0.0 for r in calls}
+    calls_in = 0
     waited = {r: 0.0 for r in calls}
     wins = {rk["rank"]: sorted((a, b) for sp in rk["windows"].values() for a, b in sp) for rk in result["ranks"]}
     inside = {r: [any(a <= t < b for a, b in wins.get(r, ())) for t in c.start] for r, c in calls.items()}
@@ -156,6 +158,10 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
             if inside[r][j]:  # the straggler is named from the calls inside the windows (the verdict's scope)
                 caused_in[lr] += w[j] - h[j]
                 caused_in[r] += h[j]
+                calls_in += 1
+                if w[j] > 0:
+                    squares_in[lr] += (w[j] - h[j]) ** 2
+                    squares_in[r] += h[j] ** 2
             waited[r] += w[j]
     rows = {row["rank"]: row for row in coll["ranks"]}
     for r in calls:
@@ -170,16 +176,26 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
             bad.append(f"rank {r}: waited {row['wait_us']:.3f} µs, {waited[r]:.3f} per call")
     top = max(caused_in.values(), default=0.0)
     total = sum(caused_in.values())
-    need = (coll.get("straggler_rule") or {}).get("share_needed")
+    sr = coll.get("straggler_rule") or {}
     if coll["straggler"] is not None and caused_in.get(coll["straggler"], 0.0) < top - 1e-6 * max(1.0, top):
         bad.append(f"straggler rank {coll['straggler']} caused {caused_in[coll['straggler']]:.3f} µs in the windows, "
                    f"another {top:.3f}")
-    if need is None and total > 0:
+    if sr.get("lead_needed") is None and total > 0:
         bad.append("names no straggler rule")
-    elif total > 1e-6:  # one rule: named exactly when the top rank caused the share the rule needs
-        if (coll["straggler"] is not None) != (top / total >= need - 1e-9):
+    elif total > 1e-6:  # one rule: named exactly when the top rank's lead is enough and beyond the noise
+        ranked = sorted(caused_in.values(), reverse=True) + [0.0]
+        lead_ok = ranked[1] <= 0 or top / ranked[1] >= sr["lead_needed"] - 1e-9
+        diff = top - ranked[1]
+        tops = sorted(caused_in, key=lambda k: -caused_in[k])[:2]
+        var = sum(squares_in[k] for k in tops) - diff * diff / max(1, calls_in)
+        z = diff / var ** 0.5 if var > 1e-9 * max(1.0, diff * diff) else None
+        noise_ok = z is None and calls_in > 1 or z is not None and z >= sr["z_needed"]
+        near = z is not None and abs(z - sr["z_needed"]) < 1e-3 or ranked[1] > 0 and abs(
+            top / ranked[1] - sr["lead_needed"]) < 1e-6
+        if not near and (coll["straggler"] is not None) != (lead_ok and noise_ok):
             bad.append(f"straggler {coll['straggler']} against the rule: the top rank caused {top / total:.1%} of the "
-                       f"waiting, {need:.0%} needed")
+                       f"waiting, {'no runner-up' if ranked[1] <= 0 else f'{top / ranked[1]:.2f}x the next'}, "
+                       f"{'no spread' if z is None else f'{z:.2f} standard errors'}")
     return bad
 
 

@@ -150,7 +150,7 @@ def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
         sr = coll.get("straggler_rule") or {}
         who = (f"; straggler: rank {coll['straggler']} ({sr['share']:.0%} of the waiting)" if coll["straggler"] is not None
                else f"; no straggler: rank {sr['most_waiting_caused_by']} caused {sr['share']:.0%} of the waiting, "
-                    f"under the {sr['share_needed']:.0%} a rank must cause to be named"
+                    + _short_of(sr)
                if sr.get("most_waiting_caused_by") is not None else "")
         t = Table(title=f"Collectives matched across ranks: {coll['matched_calls']} calls{who}")
         t.caption = "wait: µs spent waiting for the last rank to arrive"
@@ -376,3 +376,12 @@ def render_diagnosis(res: dict, console: Console) -> None:
     console.print(f"accuracy {res['accuracy']:.1%} ({res['right']}/{res['total']} right on cause, culprit and axis); "
                   f"healthy runs flagged: {res['healthy_flagged']} of {res['healthy']}; {res['seconds']:.0f} s",
                   highlight=False)
+
+
+def _short_of(sr: dict) -> str:
+    """Why the rank that caused most is not named (the straggler rule's two tests)."""
+    lead, z = sr.get("lead"), sr.get("z")
+    if lead is not None and lead < sr["lead_needed"]:
+        return f"{lead:.2g}x the next rank's, under the {sr['lead_needed']:g}x needed to be named"
+    return (f"a lead within the noise ({z:.1f} standard errors, {sr['z_needed']:g} needed)" if z is not None
+            else "too few calls to tell a lead from the noise")

@@ -117,7 +117,9 @@ def test_a_stop_inside_a_call_is_the_stopped_ranks_own_delay():
     assert rows[0]["wait_us"] == pytest.approx(6_500) and rows[0]["held_us"] == 0
     # rank 1 caused 5,900 (its stop) + 6,500 (rank 0's wait and wake-up); rank 0 caused 200
     assert rows[1]["caused_wait_us"] == pytest.approx(12_400) and rows[0]["caused_wait_us"] == pytest.approx(200)
-    assert out["straggler"] == 1
+    # rank 1 caused the most, but two calls cannot tell a lead from the noise (straggler.py)
+    assert out["straggler_rule"]["most_waiting_caused_by"] == 1 and out["straggler_rule"]["z"] < 2
+    assert out["straggler"] is None
     wait, transfer, last, held = out["_waits"][1][:4]
     assert last.tolist() == [0, 1] and np.allclose(held, [5_900, 0]) and np.allclose(transfer, [10, 10])
 
@@ -203,3 +205,31 @@ def test_the_suite_builds_every_case_with_its_truth():
         else:
             want = ("slow-transfer", None) if c.cause == "slow-link" else ("skew", None if c.cause == "jitter" else 1)
             assert (c.expect, c.culprit) == want, c
+
+
+def test_a_straggler_is_named_only_with_a_lead_beyond_the_noise():
+    """The straggler rule's two tests (cross_rank/straggler.py) on per-call waits of known spread:
+    a starved rank that caused 70 % of the waiting over 200 calls (the real CI capture: 68-71 %) is
+    named; ranks taking turns (216 calls last each, 50.5 % against 49.5 %) are not; the same 70 %
+    lead from three long waits is not beyond the noise."""
+    import numpy as np
+
+    from commprobe.analyzers.cross_rank.straggler import stands_out
+
+    def standing(per_call: dict):
+        return stands_out({r: float(np.sum(x)) for r, x in per_call.items()},
+                          {r: float(np.sum(np.square(x))) for r, x in per_call.items()},
+                          max(len(x) for x in per_call.values()))
+
+    rng = np.random.default_rng(0)
+    late = rng.random(200) < 0.7  # who arrived last in each call, the starved rank 70 % of the time
+    waits = rng.exponential(100.0, 200)
+    s = standing({1: np.where(late, waits, 0.0), 0: np.where(late, 0.0, waits)})
+    assert s.name == 1 and s.z > 2 and s.lead > 1.5
+    turns = np.arange(432) % 2 == 0
+    w = np.full(432, 100.0)
+    w[0] += 0.02 * 216 * 100  # 50.5 % against 49.5 %
+    s = standing({0: np.where(turns, w, 0.0), 1: np.where(turns, 0.0, w)})
+    assert s.top == 0 and s.name is None and s.lead < 1.5
+    s = standing({1: np.array([7000.0, 0, 0, 0, 0, 0]), 0: np.array([0, 3000.0, 0, 0, 0, 0])})
+    assert s.top == 1 and s.lead > 1.5 and s.name is None and s.z < 2

@@ -256,16 +256,25 @@ def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profil
     # chance: in one CI run of three with the same 4-of-5 stop they fell mostly inside the starved
     # worker's own collective calls (its time in them 30 ms against its peer's 5 ms), a different
     # truth this test does not set out to check; so up to three captures, the first with that truth.
-    for attempt in range(3 if starved is not None else 1):
+    # A capture whose lead is within the noise (the straggler rule, cross_rank/straggler.py) names no one,
+    # rightly: one CI capture's stops left the peer 19 ms in the collectives against the starved worker's
+    # 9 ms, 68-71 % of the waiting caused by it; such a capture is taken again, never read as another rank.
+    for attempt in range(4 if starved is not None else 1):
         prof = tmp_path / f"prof{attempt}"
         with _Throttle(_worker_pid(starved)) if starved is not None else contextlib.nullcontext():
             traces = _profiled(vllm_server, prof)
         truth = [_collective_time(t) for t in traces]
-        if starved is None or truth[1 - starved] > truth[starved]:
+        if starved is not None and truth[1 - starved] <= truth[starved]:
+            print(f"starved={starved}: capture {attempt}: time in collectives (µs) {[round(t) for t in truth]}: "
+                  "the stops fell inside the starved worker's calls; captured again")
+            continue
+        r = analyze(prof)
+        if starved is None or r["collectives"]["straggler"] is not None:
             break
+        sr = r["collectives"]["straggler_rule"]
         print(f"starved={starved}: capture {attempt}: time in collectives (µs) {[round(t) for t in truth]}: "
-              "the stops fell inside the starved worker's calls; captured again")
-    r = analyze(prof)
+              f"no straggler named ({sr}); captured again")
+    assert starved is None or truth[1 - starved] > truth[starved], truth
     assert invariant_violations(r, source=prof) == []
     causes = {ph: p["communication_cause"] for ph, p in r["phases"].items() if p.get("communication_cause")}
     line = {ph: (p["verdict"], c["class"], round(c["wait_share"], 3), c["culprit"], c["wait_caused_by"])

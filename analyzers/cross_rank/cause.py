@@ -15,8 +15,8 @@ Classes (shares of the phase's exposed communication, averaged over ranks):
                                                                   (one rank's trace, ranks missing)
 Causes, flagged only above a bar measured against this machine's run-to-run noise
 (`commprobe bench diagnosis`; README "How accurate is the verdict"):
-    skew           waiting >= SKEW_BAR of end-to-end time and one rank caused >= CULPRIT_SHARE of
-                   it (the culprit); or, with no culprit, arrival jitter: waiting >= SPREAD_BAR,
+    skew           waiting >= SKEW_BAR of end-to-end time and one rank stands out as its cause (the
+                   culprit, straggler.py: a lead over every other rank, beyond the noise); or, with no culprit, arrival jitter: waiting >= SPREAD_BAR,
                    >= 2/3 of the communication, and steady over the calls (coefficient of variation
                    <= STEADY_CV; the machine's own bursts, a few long waits, vary more). With two
                    ranks each pausing 0..D at random, waiting cannot pass 1/4 of the time.
@@ -37,11 +37,11 @@ import numpy as np
 from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 from commprobe.common.vocab import COMM_CATS
 
-from .straggler import STRAGGLER_SHARE, stands_out
+from . import straggler
+from .straggler import stands_out
 
 DOMINATES = 2 / 3
 MIN_MATCHED = 0.5
-CULPRIT_SHARE = STRAGGLER_SHARE  # one rule with the collectives table's straggler (straggler.py)
 SKEW_BAR = 0.25
 SPREAD_BAR = 0.15
 STEADY_CV = 1.75  # two ranks pausing 0..D at random before each call: waits vary with CV sqrt(2) = 1.41
@@ -130,7 +130,7 @@ FLOOR_BINS = 4  # per octave: the floor ratio's histogram, log2 from -8 to +8
 
 def _empty() -> dict:
     return {"calls": 0, "matched": 0, "baseline_calls": 0, "log_ratio_sum": 0.0, "wait_sq_sum": 0.0,
-            "floor_hist": {}, "wait_by_last": {}, "carried_us": 0.0}
+            "floor_hist": {}, "wait_by_last": {}, "wait_by_last_sq": {}, "carried_us": 0.0}
 
 
 def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, base: np.ndarray,
@@ -157,12 +157,17 @@ def accumulate(rk: dict, phase: str, cat: str, sel: np.ndarray, waits: tuple, ba
     w = m & (wait > 0)
     if w.any():
         who, at = np.unique(last[w], return_inverse=True)
-        for rank, us in zip(who.tolist(), np.bincount(at.reshape(-1), wait[w] - held[w]).tolist()):
+        at = at.reshape(-1)
+        theirs = wait[w] - held[w]
+        sq = acc.setdefault("wait_by_last_sq", {})  # per call squared: the lead's spread (straggler.py)
+        for rank, us, us2 in zip(who.tolist(), np.bincount(at, theirs).tolist(), np.bincount(at, theirs ** 2).tolist()):
             acc["wait_by_last"][str(rank)] = acc["wait_by_last"].get(str(rank), 0.0) + us
+            sq[str(rank)] = sq.get(str(rank), 0.0) + us2
         own = float(held[w].sum())
         if own > 0:
             me = str(rk["rank"])
             acc["wait_by_last"][me] = acc["wait_by_last"].get(me, 0.0) + own
+            sq[me] = sq.get(me, 0.0) + float(np.square(held[w]).sum())
         # the part of it the transport carried over from the previous call's uneven exit
         acc["carried_us"] = acc.get("carried_us", 0.0) + float(np.nan_to_num(carried[w]).sum())
 
@@ -221,6 +226,7 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
     wait_sum = wait_sq = carried = 0.0
     hist: dict[int, int] = {}
     caused: dict[str, float] = {}
+    squares: dict[str, float] = {}
     for r in rows:
         p = r["phases"][phase]
         wn = max(1, p["windows"])
@@ -238,6 +244,8 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
                 for who, us in acc["wait_by_last"].items():
                     caused[who] = caused.get(who, 0.0) + us
                     wait_sum += us
+                for who, us2 in (acc.get("wait_by_last_sq") or {}).items():
+                    squares[who] = squares.get(who, 0.0) + us2
                 wait_sq += acc.get("wait_sq_sum", 0.0)
                 carried += acc.get("carried_us", 0.0)
     transfer = max(0.0, exposed - wait)
@@ -251,8 +259,8 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
     excess = transfer * max(0.0, 1 - 1 / ratio) if ratio else 0.0
     total_caused = sum(caused.values())
     shares = {k: v / total_caused for k, v in sorted(caused.items(), key=lambda kv: -kv[1])} if total_caused else {}
-    culprit = stands_out(caused)[0]
-    culprit = int(culprit) if culprit is not None else None
+    standing = stands_out(caused, squares, matched)
+    culprit = int(standing.name) if standing.name is not None else None
     cls = _classify(transfer, wait, matched_share, n)
     windows = max(1, rows[0]["phases"][phase]["windows"])
     caused_us = {k: v / windows for k, v in sorted(caused.items(), key=lambda kv: -kv[1])}
@@ -262,6 +270,8 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
            "calls": calls, "matched_share": matched_share, "transfer_vs_baseline": ratio,
            "excess_transfer_share": excess / e2e if e2e else 0.0, "wait_caused_by": shares,
            "wait_caused_us_per_window": caused_us, "wait_cv": cv, "culprit": culprit,
+           "culprit_lead": None if standing.lead is None else round(standing.lead, 3),
+           "culprit_z": None if standing.z is None else round(standing.z, 2),
            "transfer_floor_vs_baseline": floor_ratio,
            # of the waiting, what the last arriver's later exit from the previous collective explains:
            # made by the transport (gloo's uneven exits: 38-77 % of its waiting, DDA's mostly 2-20 %), not by a slow rank;
@@ -302,12 +312,29 @@ def diagnose(rows: list[dict], phase: str, baseline: dict | None) -> dict:
     out["rule"] = (f"transfer = the last arriver's time in each matched call, waiting = the rest; class by share of "
                    f"exposed communication (≥ {DOMINATES:.0%} transfer or waiting dominates; under {MIN_MATCHED:.0%} "
                    f"of calls matched: inconclusive); skew flagged at ≥ {SKEW_BAR:.0%} of end-to-end time with one "
-                   f"rank causing ≥ {CULPRIT_SHARE:.0%} of the waiting, or ≥ {SPREAD_BAR:.0%} without one if steady "
+                   f"rank standing out as its cause ({straggler.RULE}), or ≥ {SPREAD_BAR:.0%} without one if steady "
                    f"over the calls (coefficient of variation ≤ {STEADY_CV}); "
                    + (f"slow transfer where the fastest tenth of the calls is ≥ {SLOW_RATIO:.2g}× the calibration's "
                       f"fastest tenth and the excess ≥ {SLOW_BAR:.0%} of end-to-end time"
                       if calibrated(baseline) else "slow transfer not flagged: no calibration of this machine"))
     return out
+
+
+def lead_in_noise(d: dict) -> bool:
+    """No culprit, though one rank's lead over the others is large enough: it is the noise test
+    that fails (a few long waits), not the lead; the words must not say "spread over ranks"."""
+    lead = d.get("culprit_lead")
+    return d.get("culprit") is None and d.get("culprit_z") is not None and (
+        lead is None or lead >= straggler.LEAD_NEEDED)
+
+
+def no_culprit_words(d: dict) -> str:
+    """Why no rank is named, for the verdict's summary."""
+    if lead_in_noise(d):
+        top, share = next(iter(d["wait_caused_by"].items()))
+        return (f"rank {top} caused {share:.0%} of the waiting, but in too few calls to tell a slow rank from the "
+                f"noise ({d['culprit_z']:.1f} standard errors, {straggler.Z_NEEDED:g} needed): capture more steps")
+    return "the waiting is spread over ranks (arrival jitter, no one slow rank)"
 
 
 def describe(d: dict) -> str:
@@ -319,6 +346,9 @@ def describe(d: dict) -> str:
     s = f"transfer {d['transfer_share']:.0%}, waiting {d['wait_share']:.0%} of end-to-end"
     if d.get("culprit") is not None and d["wait_share"] > 0:
         s += f" (rank {d['culprit']} caused {d['wait_caused_by'].get(str(d['culprit']), 0):.0%} of the waiting)"
+    elif d["wait_caused_by"] and d["wait_share"] > 0 and lead_in_noise(d):
+        top, share = next(iter(d["wait_caused_by"].items()))
+        s += f" (rank {top} caused {share:.0%} of the waiting, in too few calls to tell from the noise)"
     elif d["wait_caused_by"] and d["wait_share"] > 0:
         s += " (waiting spread over ranks: " + ", ".join(
             f"rank {k} {v:.0%}" for k, v in list(d["wait_caused_by"].items())[:4]) + ")"

@@ -13,7 +13,7 @@ from commprobe.common.vocab import bus_factor
 
 from ..per_rank.calls import Calls, group_starts
 from ..per_rank.sampling import thin
-from .straggler import RULE, STRAGGLER_SHARE, stands_out
+from .straggler import Standing, stands_out
 
 
 def _global_keys(calls_by_rank: dict[int, Calls]) -> dict[int, np.ndarray]:
@@ -172,19 +172,20 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
         per["held_us"] = np.bincount(rank_pos[m], h, nr)
         per["carried_us"] = np.bincount(rank_pos[m], carried[m], nr)
         per["caused_wait_us"] = np.bincount(np.repeat(rank_pos[last], nr), w - h, nr) + per["held_us"]
+        per["caused_sq"] = np.bincount(np.repeat(rank_pos[last], nr), (w - h) ** 2, nr) + np.bincount(rank_pos[m], h * h, nr)
     rows = [{"rank": r, "transfer_us": float(per["transfer_us"][i]), "wait_us": float(per["wait_us"][i]),
              "calls": int(per["calls"][i]), "times_last": int(per["times_last"][i]),
              "caused_wait_us": float(per["caused_wait_us"][i]), "held_us": float(per["held_us"][i]),
              "carried_us": float(per["carried_us"][i])}
             for i, r in enumerate(ranks)]
-    straggler, top, share = stands_out({r: float(per["caused_wait_us"][i]) for i, r in enumerate(ranks)}) \
-        if matched else (None, None, 0.0)
+    standing = stands_out({r: float(per["caused_wait_us"][i]) for i, r in enumerate(ranks)},
+                          {r: float(per["caused_sq"][i]) for i, r in enumerate(ranks)}, matched * nr) \
+        if matched else Standing(None, None, 0.0, None, None)
     bounds = np.cumsum([0] + [len(calls_by_rank[r]) for r in ranks])
     waits = {r: tuple(a[bounds[i]:bounds[i + 1]] for a in (wait, transfer, last_rank, held, carried))
              for i, r in enumerate(ranks)}
-    return {"matched_calls": matched, "arrival_rule": rule, "ranks": rows, "straggler": straggler,
-            "straggler_rule": {"rule": RULE, "share_needed": STRAGGLER_SHARE, "most_waiting_caused_by": top,
-                               "share": round(share, 4)},
+    return {"matched_calls": matched, "arrival_rule": rule, "ranks": rows, "straggler": standing.name,
+            "straggler_rule": standing.rule(),
             "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits}
 
 

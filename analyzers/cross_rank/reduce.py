@@ -109,15 +109,19 @@ def _name_straggler(matched: dict, ranks: list[dict]) -> None:
     if not matched["matched_calls"]:
         return
     caused: dict[int, float] = {}
+    squares: dict[int, float] = {}
+    calls = 0
     for rk in ranks:
         for p in rk["phases"].values():
             for acc in (p.get("comm_calls") or {}).values():
+                calls += acc["matched"]
                 for who, us in acc["wait_by_last"].items():
                     caused[int(who)] = caused.get(int(who), 0.0) + us
-    name, top, share = stands_out(caused)
-    matched["straggler"] = name
-    matched["straggler_rule"].update(most_waiting_caused_by=top, share=round(share, 4),
-                                     scope="the matched calls inside the phases' windows")
+                for who, us2 in (acc.get("wait_by_last_sq") or {}).items():
+                    squares[int(who)] = squares.get(int(who), 0.0) + us2
+    standing = stands_out(caused, squares, calls)
+    matched["straggler"] = standing.name
+    matched["straggler_rule"] = {**standing.rule(), "scope": "the matched calls inside the phases' windows"}
 
 
 def _phase_waits(ranks: list[dict], calls: dict, waits: dict, baselines: dict | None = None,

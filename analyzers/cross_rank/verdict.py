@@ -139,7 +139,7 @@ def _communication(f: Facts):
 def _culprit_words(f: Facts) -> str:
     c = f.cause or {}
     if c.get("culprit") is None:
-        return "the waiting is spread over ranks (arrival jitter, no one slow rank)"
+        return causes.no_culprit_words(c)
     return (f"rank {c['culprit']} arrives last (it caused {c['wait_caused_by'].get(str(c['culprit']), 0):.0%} of the "
             f"waiting): it spends {causes.doing_words(c.get('culprit_doing') or {})}")
 
