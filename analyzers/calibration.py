@@ -25,11 +25,45 @@ class CalibrationError(InputError):
     """A calibration that cannot be read: one line, exit 2."""
 
 
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_SCHEMA = "commprobe.calibration/1"
+
+
 def paths_of(calibration) -> list:
-    """One calibration path, several (a list), or several joined by commas."""
+    """One calibration path, several (a list), or several joined by commas; a `commprobe calibrate`
+    directory stands for its rounds' bundles."""
     if isinstance(calibration, (list, tuple)):
         return [p for c in calibration for p in paths_of(c)]
-    return [p for p in str(calibration).split(",") if p] if isinstance(calibration, str) else [calibration]
+    parts = [p for p in str(calibration).split(",") if p] if isinstance(calibration, str) else [calibration]
+    out = []
+    for p in parts:
+        doc = calibrate_doc(p)
+        out.extend([str(Path(p) / r["dir"]) for r in doc["rounds"]] if doc is not None else [p])
+    return out
+
+
+def calibrate_doc(path) -> dict | None:
+    """A `commprobe calibrate` directory's checked calibration.json; None for any other path.
+    CalibrationError where the file is there but unusable (no round finished, or not ours)."""
+    f = Path(path) / CALIBRATION_FILE
+    if not f.is_file():
+        return None
+    doc = read_json(f)
+    if not isinstance(doc, dict) or doc.get("schema") != CALIBRATION_SCHEMA:
+        raise CalibrationError(f"{f}: not a commprobe calibration ({CALIBRATION_SCHEMA})")
+    rounds = doc.get("rounds")
+    if not isinstance(rounds, list) or not rounds or not all(
+            isinstance(r, dict) and isinstance(r.get("dir"), str) and (Path(path) / r["dir"]).is_dir() for r in rounds):
+        raise CalibrationError(f"{path}: the calibration holds no finished round (run `commprobe calibrate` again)")
+    return doc
+
+
+def calibrate_docs(calibration) -> list[tuple[str, dict]]:
+    """The `commprobe calibrate` directories among a calibration's paths, with their documents."""
+    if isinstance(calibration, (list, tuple)):
+        return [x for c in calibration for x in calibrate_docs(c)]
+    parts = [p for p in str(calibration).split(",") if p] if isinstance(calibration, str) else [calibration]
+    return [(str(p), d) for p in parts if (d := calibrate_doc(p)) is not None]
 
 
 def sweep_rows(doc, path: str | Path) -> list[dict]:

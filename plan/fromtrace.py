@@ -85,14 +85,17 @@ def _bundles(path: Path) -> list[Path]:
 def predict_from(path: str | Path, spec: str, calibration: str) -> tuple[str, dict]:
     """The one entry point of a prediction from a trace or bundle: the spec read once, then a
     layout change (this module) or a backend switch (analyzers/whatif.py over the trace analyzed
-    against the calibration). Returns (the switch's kind, the prediction)."""
+    against the calibration); each phase's interval from the calibration's rounds (intervals.py).
+    Returns (the switch's kind, the prediction)."""
+    from .intervals import attach
+
     s = whatif_spec.from_trace(spec)
     if s.kind == "layout":
-        return "layout", predict_layout(path, spec, calibration)
+        return "layout", attach(predict_layout(path, spec, calibration), calibration, "layout")
     from commprobe.analyzers.analysis import analyze
     from commprobe.analyzers.whatif import predict
 
-    return s.kind, predict(analyze(path, calibration=calibration), path, spec)
+    return s.kind, attach(predict(analyze(path, calibration=calibration), path, spec), calibration, s.kind)
 
 
 __all__ = ["parse", "predict_from", "predict_layout"]

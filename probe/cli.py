@@ -23,6 +23,7 @@ from commprobe.common.bundle import MANIFEST
 from commprobe.common.errors import InputError
 
 from .cli_bench import bench_app
+from .cli_calibrate import calibrate
 from .cli_plan import plan_app
 from .console import check_cores, console, err, fail, one_line, say
 
@@ -32,6 +33,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Profile and diagnose communication bottlenecks in distributed LLM inference.",
 )
+app.command()(calibrate)
 app.add_typer(plan_app, name="plan")
 app.add_typer(bench_app, name="bench")
 

@@ -95,7 +95,7 @@ def render_trace_whatif(doc: dict, console: Console) -> None:
         t.add_row(ph, f"{p['trace_us_per_window']:,.0f}", f"{p['saved_us_per_window']:,.0f}",
                   f"{p['predicted_us_per_window']:,.0f}",
                   f"{m.upper()} {p['measured_ms']:.3f} ms" if m else "–",
-                  f"{p['predicted_ms']:.3f} ms" if m else "–", f"{p['covered']}/{p['calls']}")
+                  _predicted(p) if m else "–", f"{p['covered']}/{p['calls']}")
     console.print(t)
     for ph, p in doc["phases"].items():
         if p.get("unprofiled_rule"):
@@ -103,6 +103,40 @@ def render_trace_whatif(doc: dict, console: Console) -> None:
                           + (f" ({p['unprofiled_ratio']:.2f})" if p.get("unprofiled_ratio") else ""), highlight=False)
     for n in doc.get("notes") or []:
         console.print(f"note: {escape(n)}", highlight=False)
+
+
+def _predicted(row: dict) -> str:
+    """"35.100 ms (33.0–37.4, 90 % over 7 rounds)": a phase's prediction and its interval."""
+    p, iv = row.get("predicted_ms"), row.get("interval")
+    if p is None:
+        return "–"
+    if not iv or row.get("low_ms") is None:
+        return f"{p:.3f} ms"
+    return f"{p:.3f} ms ({row['low_ms']:.3f}–{row['high_ms']:.3f}, {iv['level']:.0%} over {iv['errors']} rounds)"
+
+
+def render_calibration(doc: dict, where: str, console: Console) -> None:
+    """`commprobe calibrate`: the rounds run and how well they predict one another."""
+    done = len(doc["rounds"])
+    console.print(f"calibration: {done} of {doc['rounds_asked']} rounds ({doc['status']}) in {escape(where)}",
+                  highlight=False)
+    summary = (doc.get("cross_validation") or {}).get("summary") or {}
+    t = Table(title="each round predicted from the others (measured / predicted - 1)")
+    for col in ("switch", "phase", "rounds", "median error", "within 10 %", "interval (90 %)"):
+        t.add_column(col, justify="left" if col in ("switch", "phase") else "right", no_wrap=True)
+    for pair, by in summary.items():
+        for ph, s in by.items():
+            iv = s["relative_interval"]
+            t.add_row(escape(pair.replace("->", " → ")), ph, str(s["rounds"]), f"{s['median_error']:+.1%}",
+                      f"{s['within_10pct']}/{s['rounds']}", "too few rounds" if iv is None else
+                      f"{iv[0]:+.1%} … {iv[1]:+.1%}")
+    if summary:
+        console.print(t)
+    else:
+        console.print("no round could be predicted from the others (two rounds at least are needed)")
+    b = doc["backends"]
+    console.print(f"next: commprobe plan --from RUN --what-if backend={b[1]} --calibration {escape(where)}"
+                  f"   # RUN: a {b[0]} bundle of this job", highlight=False)
 
 
 def render_layout_whatif(doc: dict, console: Console) -> None:
@@ -115,7 +149,7 @@ def render_layout_whatif(doc: dict, console: Console) -> None:
         t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=True)
     for ph, p in doc["phases"].items():
         t.add_row(f"{ph} ({p['metric'].upper()})", f"{p['measured_ms']:.3f} ms", f"{p['model_base_ms']:.3f} ms",
-                  f"{p['model_alt_ms']:.3f} ms", "–" if p["predicted_ms"] is None else f"{p['predicted_ms']:.3f} ms")
+                  f"{p['model_alt_ms']:.3f} ms", _predicted(p))
     console.print(t)
     for n in doc.get("notes") or []:
         console.print(f"note: {escape(n)}", highlight=False)

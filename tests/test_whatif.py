@@ -377,9 +377,11 @@ def test_a_second_layout_in_the_calibration_measures_the_split(both, sweep, tmp_
         assert r.returncode == 0, r.stderr
         docs.append(json.loads(r.stdout))
     alone, seen = docs
-    assert alone["calibration_layouts"] == [{"tp": 2, "cp": 1, "ep": 1}] and alone["notes"]
+    assert alone["calibration_layouts"] == [{"tp": 2, "cp": 1, "ep": 1}] and any("one layout" in n for n in alone["notes"])
     assert seen["calibration_layouts"] == [{"tp": 1, "cp": 1, "ep": 1}, {"tp": 2, "cp": 1, "ep": 1}]
-    assert seen["notes"] == []
+    # the split is measured: the one note left says a layout change carries no interval (plan/intervals.py)
+    assert [n for n in seen["notes"] if not n.startswith("no interval: a layout change")] == []
+    assert seen["phases"]["decode"]["low_ms"] is None
     samples = json.loads((one / "timings.json").read_text())["ranks"][0]["samples"]
     measured = {m: 1e3 * statistics.median(samples[f"{m}_s"]) for m in ("ttft", "ttit")}
 
