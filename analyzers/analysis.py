@@ -10,6 +10,7 @@ Reports and the gate read only this result. The JSON Schema is analyzers/analysi
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 
 from commprobe.common.bundle import (
     FLIGHT_RECORDER,
+    MANIFEST,
     job_of,
     read_manifest,
     single_manifest,
@@ -29,6 +31,7 @@ from commprobe.common.errors import InputError
 from commprobe.common.vocab import WORK_CATEGORIES
 
 from . import calibration as readcal  # the one calibration reader (the parameters below are named calibration)
+from . import latency
 from .cross_rank import cause, headroom
 from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
@@ -177,6 +180,28 @@ def calibration_rows(path) -> list[dict]:
     if len(paths) != 1:
         return [row for p in paths for row in calibration_rows(p)]
     p = Path(paths[0])
+    key = _cache_key(p)
+    if key is not None and key in _ROWS:  # a calibrate's rounds, read once per process (plan/intervals.py)
+        return copy.deepcopy(_ROWS[key])
+    rows = _calibration_rows(p, path)
+    if key is not None:
+        _ROWS[key] = copy.deepcopy(rows)
+    return rows
+
+
+_ROWS: dict[tuple, list[dict]] = {}
+
+
+def _cache_key(p: Path) -> tuple | None:
+    """A bundle directory's identity for the rows cache: its path and its manifest's mtime (a bundle
+    written again in the same place is read again); None for anything else."""
+    try:
+        return (str(p.resolve()), (p / MANIFEST).stat().st_mtime_ns) if p.is_dir() else None
+    except OSError:
+        return None
+
+
+def _calibration_rows(p: Path, path) -> list[dict]:
     if p.is_dir() and (p / "manifest.json").is_file():
         subs = sub_bundles(read_manifest(p))
         if subs:
@@ -190,11 +215,12 @@ def calibration_rows(path) -> list[dict]:
     res = load_result(p)
     backend = cause.backend_of(res.get("manifest"), [])
     outside = headroom.outside_calls(res["ranks"])
-    unprofiled = headroom.unprofiled_ratio(res["ranks"], unprofiled_medians(p))  # {} for an analysis JSON
+    measured = unprofiled_medians(p)  # {} for an analysis JSON
+    unprofiled = headroom.unprofiled_ratio(res["ranks"], measured)
     rows = [{"backend": backend or "", "op": b["op"], "bytes": int(b["mean_bytes"]), "world": b["group_size"],
              "time_us": b["median_us"], "p10_us": float(np.percentile(b["samples_us"], 10)) if b["samples_us"] else
              b["median_us"], "count": b["count"], **({"mean_us": b["mean_cost_us"]} if "mean_cost_us" in b else {}),
-             "outside_us_per_window": outside, "unprofiled_ratio": unprofiled, "run": str(p),
+             "outside_us_per_window": outside, "unprofiled_ratio": unprofiled, "unprofiled_ms": measured, "run": str(p),
              "job": job_of(res.get("manifest"))}
             for b in res["message_sizes"] if b["median_us"] > 0 and b["mean_bytes"] > 0]
     if not rows or not backend:
@@ -263,6 +289,7 @@ def compare(a: dict, b: dict) -> dict:
             sizes.append({"op": r["op"], "bucket_bytes": r["bucket_bytes"], "a_median_us": o["median_us"],
                           "b_median_us": r["median_us"], "ratio": ratio(o["median_us"], r["median_us"])})
     return {"schema": "commprobe.compare/1", "a": a["source"]["path"], "b": b["source"]["path"],
+            "latency": latency.compare(a["source"]["path"], b["source"]["path"]),
             "phases": phases, "message_sizes": sizes}
 
 

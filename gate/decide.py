@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from commprobe.common.stats import bootstrap_ci, mann_whitney_greater
+
 from .metrics import GateInputError, Metric, baseline_doc, load_metrics, pooled_metrics
-from .stats import bootstrap_ci, mann_whitney_greater
 
 RESULT_SCHEMA = "commprobe.gate/1"
 PASS, REGRESSION, UNUSABLE = 0, 1, 2

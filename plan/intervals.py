@@ -91,8 +91,10 @@ def cross_validate(root: str | Path) -> dict:
                 for ph, row in pred["phases"].items():
                     m, p = measured.get(row.get("metric")), row.get("predicted_ms")
                     if m and p:
+                        calls = row.get("from_calls_ms") or (p if row.get("basis") == "calls" else None)
                         pairs.setdefault(f"{a}->{b}", {}).setdefault(ph, []).append(
-                            {"round": i + 1, "predicted_ms": p, "measured_ms": m, "error": m / p})
+                            {"round": i + 1, "basis": row.get("basis"), "predicted_ms": p, "measured_ms": m,
+                             "error": m / p, "calls_predicted_ms": calls, "calls_error": m / calls if calls else None})
     summary = {pair: {ph: _summary(rows) for ph, rows in by.items()} for pair, by in pairs.items()}
     return {"rule": "each round predicted from the other rounds (never from itself)", "pairs": pairs,
             "summary": summary}
@@ -115,19 +117,27 @@ def attach(doc: dict, calibration, kind: str) -> dict:
     docs = readcal.calibrate_docs(calibration)
     own = doc.get("own_backend")
     target = (doc.get("switch") or {}).get("backend")
-    errors: dict[str, list[float]] = {}
+    # the errors of the rule each phase was predicted by: its calibration's measured median (the
+    # rounds' own "error" where they were predicted so), or the calls' figure ("calls_error")
+    errors: dict[tuple[str, str], list[float]] = {}
     rounds = 0
     for _, d in docs:
         rounds += len(d.get("rounds") or [])
         for ph, rows in ((d.get("cross_validation") or {}).get("pairs") or {}).get(f"{own}->{target}", {}).items():
-            errors.setdefault(ph, []).extend(float(r["error"]) for r in rows if r.get("error"))
+            for r in rows:
+                if r.get("basis") == "measured" and r.get("error"):
+                    errors.setdefault((ph, "measured"), []).append(float(r["error"]))
+                if r.get("calls_error"):
+                    errors.setdefault((ph, "calls"), []).append(float(r["calls_error"]))
     usable = kind == "backend" and (doc.get("switch") or {}).get("what") == "backend"
     missing = False
     for ph, row in doc["phases"].items():
         p = row.get("predicted_ms")
-        iv = interval(p, errors.get(ph, [])) if usable and p else None
+        errs = errors.get((ph, row.get("basis") or "calls"), [])
+        iv = interval(p, errs) if usable and p else None
         row["low_ms"], row["high_ms"] = iv if iv else (None, None)
-        row["interval"] = ({"level": LEVEL, "errors": len(errors[ph]), "rounds": rounds, "rule": RULE} if iv else None)
+        row["interval"] = ({"level": LEVEL, "errors": len(errs), "rounds": rounds, "basis": row.get("basis"),
+                            "rule": RULE} if iv else None)
         missing |= bool(p) and iv is None
     if missing:
         if not usable:

@@ -111,6 +111,27 @@ def run_calibration(cal: Calibration, out: Path, run_round: Callable[[RunConfig]
     return json.loads((out / CALIBRATION_FILE).read_text())
 
 
+def job_like(path: str | Path) -> dict:
+    """The job a commprobe bundle ran (`calibrate --like RUN`): model, layout, batch, prompt, steps,
+    seed, device; a bundle of several backends gives its first's (they ran the same job)."""
+    from commprobe.common.bundle import BundleError, read_manifest, require_manifest, sub_bundles
+
+    p = Path(path)
+    subs = sub_bundles(read_manifest(p)) if (p / "manifest.json").is_file() else {}
+    m = require_manifest(p / next(iter(subs.values())) if subs else p)
+    run, world, model = m.get("run") or {}, m.get("world") or {}, m.get("model") or {}
+    try:
+        job = {"preset": model["name"], "tp": int(world["tp"]), "cp": int(world["cp"]), "ep": int(world["ep"]),
+               "cp_variant": world.get("cp_variant") or "auto", "batch": int(run["batch"]),
+               "prompt_len": int(run["prompt_len"]), "decode_steps": int(run["decode_steps"]),
+               "seed": int(run.get("seed", 0)), "device": run.get("device") or "auto"}
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{path}: its manifest does not say the job it ran ({e})") from None
+    if run.get("checkpoint"):
+        job["checkpoint"] = run["checkpoint"]
+    return job
+
+
 def job_fields(cfg: RunConfig) -> dict:
     """A RunConfig's fields that define the job (not where it is written, nor its backends)."""
     d = asdict(cfg)
@@ -119,4 +140,4 @@ def job_fields(cfg: RunConfig) -> dict:
     return d
 
 
-__all__ = ["Calibration", "Progress", "run_calibration", "job_fields", "DEFAULT_ROUNDS"]
+__all__ = ["Calibration", "Progress", "run_calibration", "job_fields", "job_like", "DEFAULT_ROUNDS"]

@@ -23,9 +23,14 @@ def calibrate(
     repeats: int = typer.Option(10, help="Un-profiled repetitions per run (each one TTFT sample)."),
     profiled_repeats: int = typer.Option(6, help="Profiled repetitions per run."),
     seed: int = typer.Option(0, help="Seed of the random weights and prompt."),
+    like: str | None = typer.Option(None, "--like", help="A bundle of the job to calibrate for: its model, layout, "
+                                    "batch, prompt and steps replace the options above (--repeats and "
+                                    "--profiled-repeats still apply)."),
     backend: str = typer.Option("gloo,dda", help="The backends to predict between, comma-separated (two or more)."),
     rounds: int = typer.Option(0, help="Rounds (each a launch of every backend, order alternated); 0: the "
                                "default chosen by measurement (bench/RESULTS.md)."),
+    telemetry_interval: float = typer.Option(0.05, help="Seconds between telemetry samples (profile's default: "
+                                             "the rounds run as `profile` runs the job)."),
     max_minutes: float = typer.Option(30.0, help="Start no round that would end past this bound."),
     out_dir: str | None = typer.Option(None, "--out", help="Calibration directory (default runs/calibration-TIMESTAMP)."),
     timeout: float = typer.Option(300.0, help="Seconds before a rank that has not finished is called hung."),
@@ -46,7 +51,7 @@ def calibrate(
 
     from commprobe.analyzers.calibration import CALIBRATION_FILE
     from commprobe.collectives.backends import process_group_backend
-    from commprobe.probe.calibrate import DEFAULT_ROUNDS, Calibration, run_calibration
+    from commprobe.probe.calibrate import DEFAULT_ROUNDS, Calibration, job_like, run_calibration
     from commprobe.probe.launch import LaunchError
     from commprobe.probe.profile import run_profile
     from commprobe.reports.terminal import render_calibration
@@ -57,19 +62,24 @@ def calibrate(
     job = {"preset": preset, "tp": tp, "cp": cp, "ep": ep, "cp_variant": cp_variant, "device": device, "batch": batch,
            "prompt_len": prompt_len, "decode_steps": steps, "repeats": repeats, "profiled_repeats": profiled_repeats,
            "seed": seed, "timeout": timeout}
+    if telemetry_interval <= 0:
+        fail("--telemetry-interval must be > 0")
+    if like:
+        job = {**job, **job_like(like)}  # a bundle that is not one: InputError, one line (cli.main)
     try:
         cal = Calibration(job=job, backends=[b for b in backend.split(",") if b], rounds=rounds or DEFAULT_ROUNDS,
                           max_seconds=max_minutes * 60)
     except ValueError as e:
         fail(str(e))
-    check_cores(tp * cp * ep, oversubscribe)
+    check_cores(job["tp"] * job["cp"] * job["ep"], oversubscribe)
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    console.print(f"[bold]commprobe calibrate[/]: preset {preset}, TP{tp} CP{cp} EP{ep}, {', '.join(cal.backends)} "
+    console.print(f"[bold]commprobe calibrate[/]: preset {job['preset']}, TP{job['tp']} CP{job['cp']} EP{job['ep']}, "
+                  f"prompt {job['prompt_len']}, {job['decode_steps']} steps x {repeats}, {', '.join(cal.backends)} "
                   f"alternated, {cal.rounds} rounds (bound {max_minutes:g} min) -> {out}", highlight=False)
 
     def run_round(cfg) -> None:
         run_profile(cfg, cfg.model_config().to_dict(), pg_backend=process_group_backend(cfg.backends),
-                    telemetry_interval=1.0)
+                    telemetry_interval=telemetry_interval)
 
     cols = (TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
             TextColumn("left"), TimeRemainingColumn())

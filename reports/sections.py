@@ -11,6 +11,8 @@ import plotly.graph_objects as go
 
 from commprobe.common.vocab import WORK_CATEGORIES, Verdict
 
+from .words import latency_words
+
 COLORS = {"compute": "#4c78a8", "tp_allreduce": "#e45756", "cp_ring": "#f58518", "ep_all_to_all": "#b279a2",
           "other_comm": "#ff9da6", "memcpy": "#9d755d", "other": "#bab0ac", "straggler wait": "#eeca3b",
           "idle": "#d9d9d9"}
@@ -90,7 +92,11 @@ def comparison_section(by_label: dict[str, dict], comparisons: dict[str, dict]) 
                 if v["a_us"] or v["b_us"]:
                     body.append(f"<tr><td>&nbsp;&nbsp;{esc(c)}</td><td>{_us(v['a_us'])}</td><td>{_us(v['b_us'])}</td>"
                                 f"<td>{_ratio(v['ratio'])}</td><td></td></tr>")
+        lat = cmp.get("latency") or {}
+        said = [latency_words(lat, m, lb, first) for m in ("ttit", "ttft") if m in lat] or (
+            [latency_words(lat, "ttit", lb, first)] if lat.get("note") else [])
         out.append(f'<h3>{esc(lb)} against {esc(first)} (exposed µs per window; B/A &lt; 1: {esc(lb)} faster)</h3>'
+                   f'<ul class="latency" id="latency-{esc(lb)}">' + "".join(f"<li>{esc(x)}</li>" for x in said) + "</ul>"
                    f'<table class="ba" id="ba-{esc(lb)}"><tr><th>phase / category</th><th>{esc(first)}</th>'
                    f'<th>{esc(lb)}</th><th>B/A</th><th>verdict</th></tr>{"".join(body)}</table>')
     return "".join(out)

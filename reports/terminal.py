@@ -8,6 +8,8 @@ from rich.table import Table
 
 from commprobe.common.vocab import WORK_CATEGORIES, Verdict
 
+from .words import latency_words
+
 CATS = WORK_CATEGORIES
 
 
@@ -253,6 +255,10 @@ def render_hang(result: dict, console: Console) -> None:
 
 def render_compare(result: dict, console: Console) -> None:
     console.print(f"[bold]commprobe compare[/]: A = {escape(result['a'])}, B = {escape(result['b'])} (ratio B/A)")
+    lat = result.get("latency") or {}
+    for m in ("ttit", "ttft"):
+        if m in lat or (m == "ttit" and lat.get("note")):
+            console.print(escape(latency_words(lat, m, "B")), highlight=False)
     t = Table(title="Per phase (µs per window)")
     for col in ("phase", "category", "A", "B", "B/A"):
         t.add_column(col, justify="right")

@@ -9,7 +9,7 @@ import pytest
 
 from commprobe.gate import Metric, Thresholds, judge
 from commprobe.gate.metrics import timing_metrics
-from commprobe.gate.stats import mann_whitney_greater
+from commprobe.common.stats import mann_whitney_greater
 from commprobe.probe.launch import launch
 from commprobe.probe.run import RunConfig, run_rank
 from tests.conftest import run_cli

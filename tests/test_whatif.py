@@ -86,7 +86,9 @@ def test_plan_from_a_trace_predicts_each_phase(both, tmp_path):
         # calibration's DDA run measured: its timings.json median over its mean step span (raw events)
         k = _unprofiled_ms(both / "dda", p["metric"]) * 1e3 / _window_us(both / "dda", ph)
         assert p["unprofiled_ratio"] == pytest.approx(k, rel=0.02)
-        assert p["predicted_ms"] == pytest.approx(p["predicted_us_per_window"] * k / 1e3, rel=0.02)
+        assert p["from_calls_ms"] == pytest.approx(p["predicted_us_per_window"] * k / 1e3, rel=0.02)
+        # the calibration ran this very job under DDA: what it measured is the prediction (whatif.py)
+        assert p["basis"] == "measured" and p["predicted_ms"] == pytest.approx(_unprofiled_ms(both / "dda", p["metric"]))
     assert doc["phases"]["decode"]["metric"] == "ttit" and doc["phases"]["prefill"]["metric"] == "ttft"
     one = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "allreduce=dda", "--calibration", str(both),
                   "--json")
@@ -96,7 +98,7 @@ def test_plan_from_a_trace_predicts_each_phase(both, tmp_path):
         assert p["predicted_ms"] == pytest.approx(p["measured_ms"] * p["predicted_us_per_window"]
                                                   / p["trace_us_per_window"])
     text = run_cli("plan", "--from", str(both / "gloo"), "--what-if", "backend=dda", "--calibration", str(both))
-    assert text.returncode == 0 and "decode un-profiled: predicted trace time x dda's" in text.stdout
+    assert text.returncode == 0 and "decode un-profiled: the calibration ran this job under dda" in text.stdout
 
 
 def test_another_jobs_run_does_not_lend_its_profiler_share(both, tmp_path):

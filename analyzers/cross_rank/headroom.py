@@ -184,9 +184,20 @@ def median_per_run(rows: list[dict], key: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def values_per_run(rows: list[dict], key: str) -> dict[str, dict[str, list[float]]]:
+    """Per backend and metric, each calibration run's figure (`key`: a dict of metric -> value per
+    run), one per run: the un-profiled TTFT/TTIT the calibration measured (whatif.py)."""
+    runs: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if r.get(key):
+            runs.setdefault(r["backend"], {})[r["run"]] = r[key]
+    return {b: {m: [o[m] for o in per.values() if m in o] for m in sorted({m for o in per.values() for m in o})}
+            for b, per in sorted(runs.items())}
+
+
 def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dict, raw_offset: dict,
             source: str, outside: dict | None = None, unmatched: tuple[int, int] = (0, 0),
-            unprofiled: dict | None = None) -> dict:
+            unprofiled: dict | None = None, same_job: dict | None = None) -> dict:
     """The result's `headroom`: per phase, each backend's saving and the best one; the rule, the
     conditions the calibration was measured under, and how many calls (of all) no other rank's
     trace matched: their whole duration is their cost, waiting included (one rank's trace cannot
@@ -216,6 +227,8 @@ def summary(ranks: list[dict], backends: list[str], own: str | None, offset: dic
     return {"calibration": source, "backends": backends, "own_backend": own, "conditions_offset_us": offset,
             "outside_calls_us_per_window": outside or {}, "trace_outside_calls_us_per_window": outside_calls(ranks),
             "unprofiled_per_trace_us": unprofiled or {},
+            # per backend and metric, the un-profiled times of the calibration's runs of this very job
+            "same_job_measured_ms": same_job or {},
             "measured_difference_us": raw_offset, "rule": RULE, "unmatched_calls": lone, "calls": total,
             "notes": notes, "phases": phases}
 

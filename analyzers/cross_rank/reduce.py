@@ -75,9 +75,10 @@ def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *,
         job = job_of(manifest)  # only runs of this job lend their profiler share (whatif.py)
         total = sum(len(c) for c in calls.values())
         lone = total - matched["matched_calls"] * len(calls)  # one rank's trace: none matched
+        same = [r for r in sweep if job is not None and r.get("job") == job]
         room = headroom.summary(ranks, sorted({r["backend"] for r in sweep}), own, offset, raw_offset, cal_source,
-                                outside, (lone, total), headroom.median_per_run(
-                                    [r for r in sweep if r.get("job") == job], "unprofiled_ratio"))
+                                outside, (lone, total), headroom.median_per_run(same, "unprofiled_ratio"),
+                                headroom.values_per_run(same, "unprofiled_ms"))
         room["collectives"] = headroom.collectives(calls, costs, tgt, offset)
         for ph, p in phases.items():
             line = headroom.advice(room, ph)

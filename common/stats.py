@@ -1,4 +1,5 @@
-"""The gate's statistics: a rank test for a real shift and a bootstrap interval for its size.
+"""The statistics the gate and `compare` share: a rank test for a real shift and a bootstrap
+interval for its size, so a regression and a "faster" are told from the noise by one rule.
 
 Hand-written (about 40 lines with numpy) rather than scipy: scipy would be the only reason
 to install a 40 MB package, and the normal approximation with tie and continuity
@@ -44,12 +45,25 @@ def mann_whitney_greater(current: list[float], baseline: list[float]) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def bootstrap_ci(current: list[float], baseline: list[float], kind: str, n: int = 2000, seed: int = 0) -> list[float]:
-    """95 % percentile-bootstrap interval of median(current)/median(baseline) (times) or their difference (shares)."""
+def bootstrap_ci(current: list[float], baseline: list[float], kind: str, n: int = 2000, seed: int = 0,
+                 blocks: tuple[int, int] | None = None) -> list[float]:
+    """95 % percentile-bootstrap interval of median(current)/median(baseline) (times) or their
+    difference (shares). `blocks` (current's, baseline's): the samples are that many equal runs of
+    consecutive samples (a bundle's repetitions, each of its decode steps), resampled whole: steps
+    of one repetition share its spell of the machine, so resampling them one by one narrows the
+    interval beyond what the runs support."""
     rng = np.random.default_rng(seed)
     x, y = np.asarray(current, float), np.asarray(baseline, float)
-    mx = np.median(x[rng.integers(0, len(x), (n, len(x)))], axis=1)
-    my = np.median(y[rng.integers(0, len(y), (n, len(y)))], axis=1)
+    mx = np.median(_resample(x, rng, n, blocks[0] if blocks else 0), axis=1)
+    my = np.median(_resample(y, rng, n, blocks[1] if blocks else 0), axis=1)
     stat = mx / np.where(my > 0, my, np.nan) if kind == "time" else mx - my
     lo, hi = np.nanpercentile(stat, [2.5, 97.5])
     return [float(lo), float(hi)]
+
+
+def _resample(x: np.ndarray, rng: np.random.Generator, n: int, blocks: int) -> np.ndarray:
+    """n bootstrap resamples of x (rows), by sample or by whole block where x splits evenly."""
+    if blocks > 1 and len(x) % blocks == 0:
+        b = x.reshape(blocks, -1)
+        return b[rng.integers(0, blocks, (n, blocks))].reshape(n, -1)
+    return x[rng.integers(0, len(x), (n, len(x)))]
