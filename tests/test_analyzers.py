@@ -57,7 +57,8 @@ def test_synthetic_overlap_exposure_and_straggler_are_exact(gpu_pair):
     r1 = r["ranks"][1]["phases"]["step"]
     assert r1["categories"]["tp_allreduce"] == {"total_us": 150, "exposed_us": 50, "exposed_wait_us": 0}
     c = r["collectives"]
-    assert c["matched_calls"] == 1 and c["straggler"] == 1
+    # rank 1 caused all the waiting, but one call cannot tell a slow rank from the noise (straggler.py)
+    assert c["matched_calls"] == 1 and c["straggler"] is None and c["straggler_rule"]["most_waiting_caused_by"] == 1
     assert c["ranks"][0]["wait_us"] == 150 and c["ranks"][0]["transfer_us"] == 150
     assert c["ranks"][1]["wait_us"] == 0 and c["ranks"][1]["transfer_us"] == 150
     # Of rank 0's 100 µs exposed allreduce, all is waiting for rank 1 (150 µs of wait, capped).
@@ -275,11 +276,13 @@ def test_clock_offset_between_hosts_is_corrected_by_collective_end(tmp_path):
     _write(d / "rank0.trace.json.gz", 0, _gpu_rank(0, 300), base=base)
     _write(d / "rank1.trace.json.gz", 1, _gpu_rank(1, 450), base=base - 10_000_000)  # 10 ms earlier base
     raw = analyze(d)
-    assert raw["collectives"]["straggler"] == 1 and raw["collectives"]["arrival_rule"] == "durations"
+    # one call: rank 1 caused the waiting, too few calls to name it beyond the noise (straggler.py)
+    assert raw["collectives"]["straggler_rule"]["most_waiting_caused_by"] == 1 and raw["collectives"]["straggler"] is None
+    assert raw["collectives"]["arrival_rule"] == "durations"
     assert "before another rank entered them" in raw["collectives"]["arrival_rule_why"]
     assert raw["collectives"]["ranks"][0]["wait_us"] == pytest.approx(150)
     aligned = analyze(d, align="collective-end")
-    assert aligned["collectives"]["straggler"] == 1
+    assert aligned["collectives"]["straggler_rule"]["most_waiting_caused_by"] == 1
     assert aligned["collectives"]["ranks"][0]["wait_us"] == pytest.approx(150)
     assert aligned["collectives"]["offsets_us"]["1"] == pytest.approx(-10_000)
 
