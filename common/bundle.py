@@ -42,6 +42,7 @@ def trace_name(rank: int) -> str:
 
 
 FLIGHT_RECORDER = "flight_recorder"
+LIVE_SOCKETS = "live.json"  # {"sockets": {rank: path}}: where each rank of a running job answers (hang --live)
 FR_TRIGGER = "DUMP"  # the launcher creates it in flight_recorder/: every live rank dumps once
 
 

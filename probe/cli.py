@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 # numpy's OpenBLAS starts a spinning thread per core at import; nothing here multiplies matrices
 # with numpy (the analysis is searches and sorts, the model runs in torch), and on a 2-core host
@@ -320,13 +321,38 @@ def capture(
 
 @app.command()
 def hang(
-    path: str = typer.Argument(..., help="A run bundle, or a directory of Flight Recorder dumps (one file per rank)."),
+    path: str = typer.Argument(..., help="A run bundle, or a directory of Flight Recorder dumps (one file per rank); "
+                               "with --live, a running job's sockets: a run directory, a directory or glob of "
+                               "sockets, or a comma-separated list (127.0.0.1:PORT too)."),
+    live: bool = typer.Option(False, "--live", help="Ask the running job's ranks now: hang, straggler or running."),
+    watch: float = typer.Option(0.0, help="With --live: ask again every this many seconds, a live table (Ctrl-C stops)."),
+    interval: float = typer.Option(2.0, help="With --live: seconds over which the ranks are polled."),
+    timeout: float = typer.Option(5.0, help="With --live: seconds a rank has to answer each poll."),
     json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (schema commprobe.hang/2)."),
 ) -> None:
     """Why a run hung: which rank, group, collective and sequence number, and where each rank waits."""
     from commprobe.analyzers.hang import analyze_hang
+    from commprobe.reports.live import render_live
     from commprobe.reports.terminal import render_hang
 
+    if live:
+        from commprobe.analyzers.hang_live import live as ask
+
+        if interval <= 0 or timeout <= 0 or watch < 0:
+            fail("--interval and --timeout must be > 0, --watch >= 0")
+        while True:
+            result = ask(path, interval=interval, timeout=timeout)
+            if not result["ranks"]:  # nobody answered: one line, as any unusable input
+                fail(result["notes"][0] if result["notes"] else "no rank answered")
+            if json_out:
+                print(jsonout.dumps(result), flush=True)
+            else:
+                if watch:
+                    console.clear()
+                render_live(result, console)
+            if not watch:
+                raise typer.Exit(0 if result["state"] == "running" else 1)
+            time.sleep(watch)
     result = analyze_hang(path)
     if json_out:
         print(jsonout.dumps(result))

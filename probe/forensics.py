@@ -112,3 +112,42 @@ def _atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+# ---- live answers (issue 59): each rank serves its records and stacks while it runs ----
+
+def socket_dir(root: Path) -> Path:
+    """A short directory only this user can enter for a run's rank sockets: a unix socket's path
+    is limited to 107 bytes, which a run directory's often passes, so the sockets live under the
+    runtime directory (or /tmp) and the run's live.json says where."""
+    import hashlib
+
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / f"commprobe-live-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(base, 0o700)
+    d = base / hashlib.sha1(f"{Path(root).resolve()}:{os.getpid()}".encode()).hexdigest()[:12]
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+def publish(root: Path, sockets: dict[int, str]) -> Path:
+    """Write the run's live.json (which socket each rank answers on): `commprobe hang --live RUN`."""
+    from commprobe.common.bundle import LIVE_SOCKETS
+
+    f = Path(root) / LIVE_SOCKETS
+    f.write_text(json.dumps({"sockets": {str(r): s for r, s in sockets.items()}}))
+    return f
+
+
+_SERVER = None  # kept for the life of the rank: the server stops when it is collected
+
+
+def serve(path: str) -> None:
+    """Serve this rank's Flight Recorder records and Python stacks on the unix socket `path`
+    (torch's _WorkerServer: fr_trace_json, dump_traceback; never a TCP port: torch's
+    start_debug_server binds every interface with no authentication)."""
+    global _SERVER
+    from torch._C._distributed_c10d import _WorkerServer
+
+    _SERVER = _WorkerServer(path)
+    os.chmod(path, 0o600)

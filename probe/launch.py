@@ -117,7 +117,7 @@ def _hang_message(out: Path, alive: list[int], timeout: float) -> tuple[str, int
 
 
 def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: str, backend: str, timeout: float,
-           shm_tag: str, capture: bool, forensics: str | None = None) -> None:
+           shm_tag: str, capture: bool, forensics: str | None = None, live: str | None = None) -> None:
     if capture:  # the rank's own output goes to a log beside its results, not the user's terminal
         log = os.open(os.path.join(out, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
@@ -133,6 +133,11 @@ def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out
 
         fr.enable()
         faulthandler.enable(all_threads=True)  # a rank killed by a C++ abort still leaves its stacks in its log
+        if live:  # its records and stacks asked while it runs (commprobe hang --live)
+            try:
+                fr.serve(os.path.join(live, f"rank-{rank}.sock"))
+            except Exception:  # noqa: BLE001 - a run is never failed for want of a live endpoint
+                pass
     try:
         _init_rank(backend, timeout, f"file://{init_file}", rank, world)
         if forensics:
@@ -222,8 +227,10 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     shm_tag = f"{os.getpid()}x{next(_launches)}"
     fr_dir = Path(forensics).resolve() if forensics else None
     (out / FR_TRIGGER).unlink(missing_ok=True)  # a trigger left by an earlier run in this directory
+    live = _live_sockets(fr_dir, world_size)
     procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout, shm_tag,
-                                                    capture_output, str(fr_dir) if fr_dir else None),
+                                                    capture_output, str(fr_dir) if fr_dir else None,
+                                                    str(live) if live else None),
                          name=f"commprobe-rank{r}") for r in range(world_size)]
     try:
         for p in procs:
@@ -264,8 +271,28 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     finally:
         _stop(procs)
         _remove_shared_memory(shm_tag)
+        if live:  # the run is over: nothing answers there any more
+            from commprobe.common.bundle import LIVE_SOCKETS
+
+            shutil.rmtree(live, ignore_errors=True)
+            (fr_dir.parent / LIVE_SOCKETS).unlink(missing_ok=True)
         if own_dir:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def _live_sockets(fr_dir: Path | None, world: int) -> Path | None:
+    """Where the ranks of a run with forensics answer while it runs, published in the run's
+    live.json (probe/forensics.py); None without forensics or where it cannot be made."""
+    if fr_dir is None:
+        return None
+    from . import forensics as fr
+
+    try:
+        d = fr.socket_dir(fr_dir.parent)
+        fr.publish(fr_dir.parent, {r: str(d / f"rank-{r}.sock") for r in range(world)})
+        return d
+    except OSError:
+        return None
 
 
 def _remove_shared_memory(tag: str) -> None:

@@ -229,14 +229,22 @@ def load_dump(path: Path) -> RankDump:
     rank = rank_of(path.name)
     if rank is None:
         raise DumpError(f"{path}: no rank in the file name (torch names dumps prefix + rank, e.g. nccl_trace_rank_0)")
+    return dump_of(doc, rank, str(path))
+
+
+def dump_of(doc, rank: int, source: str) -> RankDump:
+    """One rank's parsed records (a dump file's, or what a live rank's worker server answered to
+    `fr_trace_json`), checked: DumpError in one line naming `source`."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        raise NotADump(f"{source}: not a Flight Recorder dump (no entries list)")
     if len(doc["entries"]) > MAX_ENTRIES:
-        raise DumpError(f"{path}: {len(doc['entries'])} entries (limit {MAX_ENTRIES}): not a Flight Recorder ring buffer")
+        raise DumpError(f"{source}: {len(doc['entries'])} entries (limit {MAX_ENTRIES}): not a Flight Recorder ring buffer")
     entries = [_normal(e) for e in doc["entries"] if isinstance(e, dict)]
     try:
         groups = _groups(doc.get("pg_config"))
     except DumpError as e:
-        raise DumpError(f"{path}: {e}") from None
-    return RankDump(rank, str(path), _text(doc.get("version"))[:40], entries, groups,
+        raise DumpError(f"{source}: {e}") from None
+    return RankDump(rank, source, _text(doc.get("version"))[:40], entries, groups,
                     doc.get("pg_status") if isinstance(doc.get("pg_status"), dict) else {})
 
 
