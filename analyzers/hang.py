@@ -33,6 +33,7 @@ from commprobe.common.bundle import FLIGHT_RECORDER, MANIFEST
 
 from .hang_cause import parted_at, pending_of, rank_by_cause
 from .hang_records import (
+    SCHEMA,
     _by_seq,
     _died_evidently,
     _faulthandler_stack,
@@ -47,7 +48,6 @@ from .hang_records import (
 )
 from .readers.flight_recorder import DumpError, RankDump, load_dir, load_dump
 
-SCHEMA = "commprobe.hang/2"
 _GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
 def _finding(kind, pg, axis, members, seq, op, concerned, missing, stacks, summary, **extra) -> dict:
     return {"kind": kind, "group": pg, "axis": axis, "ranks": members, "seq": seq, "op": op, "concerned": concerned,
@@ -318,6 +318,16 @@ def last_collectives(directory: Path, findings: list[dict], keep: int = 3) -> No
             f["before"] = before
 
 
+def _is_ras(path: Path) -> bool:
+    from .readers.nccl_ras import looks_like
+
+    try:
+        with path.open("rb") as f:
+            return looks_like(f.read(4096))
+    except OSError:
+        return False
+
+
 def analyze_hang(path: str | Path) -> dict:
     """A run bundle (its flight_recorder/ and the ranks' logs) or a directory of dumps."""
     path = Path(path)
@@ -327,6 +337,10 @@ def analyze_hang(path: str | Path) -> dict:
     if (path / MANIFEST).exists() and not fr.is_dir():
         raise DumpError(f"{path}: a bundle without Flight Recorder records (flight_recorder/ is written when a rank "
                         f"hangs or fails)")
+    if path.is_file() and _is_ras(path):  # NCCL RAS status saved to a file (hang_ras.py)
+        from .hang_ras import from_file
+
+        return from_file(path)
     if path.is_file():
         dumps = [load_dump(path)]
     else:

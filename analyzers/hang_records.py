@@ -14,6 +14,8 @@ from pathlib import Path
 
 from .readers.flight_recorder import RankDump, _as_int
 
+SCHEMA = "commprobe.hang/2"  # every hang answer's: dumps (hang.py), NCCL RAS (hang_ras.py)
+
 # Frames that are the plumbing of a collective, not where the program called it
 _PLUMBING_FILES = re.compile(r"(/|^)(torch|collectives|threading\.py|contextlib\.py)(/|$)|c10d_logger|/threading\.py$")
 _COMM_METHODS = frozenset({"all_reduce", "all_gather", "all_to_all", "send_recv", "send_recv_start", "barrier", "_timed",

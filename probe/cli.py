@@ -325,6 +325,8 @@ def hang(
                                "with --live, a running job's sockets: a run directory, a directory or glob of "
                                "sockets, or a comma-separated list (127.0.0.1:PORT too)."),
     live: bool = typer.Option(False, "--live", help="Ask the running job's ranks now: hang, straggler or running."),
+    ras: bool = typer.Option(False, "--ras", help="PATH is NCCL RAS's port (127.0.0.1:28028): ask it twice, "
+                             "--interval apart (a file of `ncclras` output is read without it)."),
     watch: float = typer.Option(0.0, help="With --live: ask again every this many seconds, a live table (Ctrl-C stops)."),
     interval: float = typer.Option(2.0, help="With --live: seconds over which the ranks are polled."),
     timeout: float = typer.Option(5.0, help="With --live: seconds a rank has to answer each poll."),
@@ -335,6 +337,14 @@ def hang(
     from commprobe.reports.live import render_live
     from commprobe.reports.terminal import render_hang
 
+    if ras:
+        from commprobe.analyzers.hang_ras import ask as ask_ras
+
+        if interval <= 0 or timeout <= 0:
+            fail("--interval and --timeout must be > 0")
+        result = ask_ras(path, interval=interval, timeout=timeout)
+        print(jsonout.dumps(result)) if json_out else render_hang(result, console)
+        return
     if live:
         from commprobe.analyzers.hang_live import live as ask
 
