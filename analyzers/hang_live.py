@@ -3,7 +3,7 @@
 Each rank of a job can serve its Flight Recorder records and its Python stacks over a unix socket
 (torch's `_WorkerServer`; readers/worker_server.py asks it). Every rank is asked at once, with a
 deadline, a few times over a short interval:
-- **hang**: no rank's counts move between the polls (each group's last enqueued / completed
+- **hang**: no rank's counts move between the polls, and no rank's stack moves either (each group's last enqueued / completed
   sequence numbers, pg_status with the entries, hang_records.progress). The findings are
   `commprobe hang`'s own, from the same code (hang.diagnose over the records the ranks answered):
   the rank that never entered, a mismatch, a transfer none completes; each rank's stack says where.
@@ -11,6 +11,8 @@ deadline, a few times over a short interval:
   the polls (eight over two seconds): it is named with how far behind. A healthy job's ranks lag
   each other by a collective now and then, never the same one most of the time.
 - **running**: counts move and no rank is behind in most polls: no finding.
+- **busy**: no count moves, but some rank's own stack moved between the first poll and the last:
+  work outside the recorded collectives (a measurement, another library's calls), not a hang yet.
 - **quiet**: no count moves and no rank is inside a collective (all completed what they
   enqueued): the job is between collectives (compute, I/O, start-up), which is not a hang.
 Ranks that do not answer are named, and the answer says it is partial. On gloo the records keep
@@ -129,6 +131,7 @@ def live(target: str, polls: int = 8, interval: float = 2.0, timeout: float = 5.
     stacks, who did not answer."""
     eps = endpoints(target)
     history: list[dict[int, dict]] = []
+    stacks: list[dict[int, list]] = []  # each poll's main-thread frames per rank
     dumps: dict[int, RankDump] = {}
     missing: dict[int, str] = {}
     for i in range(max(2, polls)):
@@ -136,6 +139,8 @@ def live(target: str, polls: int = 8, interval: float = 2.0, timeout: float = 5.
             time.sleep(interval / (max(2, polls) - 1))
         dumps, missing = snapshot(eps, timeout)
         history.append({r: _counts(d) for r, d in dumps.items()})
+        stacks.append({r: next((st["frames"] for st in d.stacks if st.get("main")), []) for r, d in dumps.items()})
+    moved = sorted(r for r in stacks[-1] if r in stacks[0] and stacks[0][r] != stacks[-1][r])
     answered = sorted(dumps)
     out = {"schema": SCHEMA, "target": target, "ranks": answered, "unanswered": {str(r): w for r, w in sorted(missing.items())},
            "partial": bool(missing), "polls": len(history), "interval_s": interval,
@@ -154,6 +159,14 @@ def live(target: str, polls: int = 8, interval: float = 2.0, timeout: float = 5.
         out["state"] = "quiet"
         out["notes"].append("no count moved and no rank is inside a collective: the job is between collectives "
                             "(compute, I/O, start-up or its end), not waiting in one")
+    elif not moving and moved:
+        # counts still, but a rank's own stack moved between the first poll and the last: it is
+        # working outside the recorded collectives (its own code, another library's calls), not
+        # stuck; a hang holds every stack where it is
+        out["state"] = "busy"
+        out["notes"].append(f"no count moved, but rank(s) {moved} moved in their own code between the polls "
+                            f"(now at {', '.join(str(out['stacks'].get(str(r))) for r in moved)}): work outside "
+                            "the recorded collectives, not a hang yet; ask again")
     elif not moving:
         out["state"] = "hang"
         diag = diagnose(list(dumps.values()), source=target)

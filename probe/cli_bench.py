@@ -52,6 +52,8 @@ def bench_collectives(
     if world < 2:
         fail("--world must be >= 2")
     check_cores(world, oversubscribe)
+    if not json_out:
+        say(f"while it runs, its ranks answer: commprobe hang --live {work}", to_err=True)
     with Progress(console=(err if json_out else console).real(), transient=True) as bar:
         task = bar.add_task("sweeping", total=len(cfg.sizes()) * len(ops))
 

@@ -133,11 +133,13 @@ def _child(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out
 
         fr.enable()
         faulthandler.enable(all_threads=True)  # a rank killed by a C++ abort still leaves its stacks in its log
-        if live:  # its records and stacks asked while it runs (commprobe hang --live)
-            try:
-                fr.serve(os.path.join(live, f"rank-{rank}.sock"))
-            except Exception:  # noqa: BLE001 - a run is never failed for want of a live endpoint
-                pass
+    if live:  # its records (with forensics) and stacks asked while it runs (commprobe hang --live)
+        from . import forensics as live_fr
+
+        try:
+            live_fr.serve(os.path.join(live, f"rank-{rank}.sock"))
+        except Exception:  # noqa: BLE001 - a run is never failed for want of a live endpoint
+            pass
     try:
         _init_rank(backend, timeout, f"file://{init_file}", rank, world)
         if forensics:
@@ -227,7 +229,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     shm_tag = f"{os.getpid()}x{next(_launches)}"
     fr_dir = Path(forensics).resolve() if forensics else None
     (out / FR_TRIGGER).unlink(missing_ok=True)  # a trigger left by an earlier run in this directory
-    live = _live_sockets(fr_dir, world_size)
+    live = _live_sockets(fr_dir.parent if fr_dir else (out.parent if not own_dir else None), world_size)
     procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout, shm_tag,
                                                     capture_output, str(fr_dir) if fr_dir else None,
                                                     str(live) if live else None),
@@ -275,21 +277,22 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
             from commprobe.common.bundle import LIVE_SOCKETS
 
             shutil.rmtree(live, ignore_errors=True)
-            (fr_dir.parent / LIVE_SOCKETS).unlink(missing_ok=True)
+            ((fr_dir.parent if fr_dir else out.parent) / LIVE_SOCKETS).unlink(missing_ok=True)
         if own_dir:
             shutil.rmtree(out, ignore_errors=True)
 
 
-def _live_sockets(fr_dir: Path | None, world: int) -> Path | None:
-    """Where the ranks of a run with forensics answer while it runs, published in the run's
-    live.json (probe/forensics.py); None without forensics or where it cannot be made."""
-    if fr_dir is None:
+def _live_sockets(root: Path | None, world: int) -> Path | None:
+    """Where the ranks of a run answer while it runs, published in `root`'s live.json (the run
+    directory: a bundle's, or a bench's work directory; probe/forensics.py); None where there is no
+    run directory or the sockets' directory cannot be made."""
+    if root is None:
         return None
     from . import forensics as fr
 
     try:
-        d = fr.socket_dir(fr_dir.parent)
-        fr.publish(fr_dir.parent, {r: str(d / f"rank-{r}.sock") for r in range(world)})
+        d = fr.socket_dir(root)
+        fr.publish(root, {r: str(d / f"rank-{r}.sock") for r in range(world)})
         return d
     except OSError:
         return None

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-STATE = {"hang": "[bold red]hang[/]", "straggler": "[bold yellow]straggler[/]", "running": "[green]running[/]", "quiet": "[green]quiet[/]",
+STATE = {"hang": "[bold red]hang[/]", "straggler": "[bold yellow]straggler[/]", "running": "[green]running[/]", "quiet": "[green]quiet[/]", "busy": "[yellow]busy[/]",
          "unknown": "[yellow]unknown[/]"}
 
 
