@@ -16,9 +16,12 @@ rank = int(os.environ["RANK"])
 server = _WorkerServer(os.path.join(os.environ["LIVE_DIR"], f"rank-{rank}.sock"))
 dist.init_process_group("gloo")
 x = torch.ones(4)
+end = time.monotonic() + 90  # a job that outlives its test stops by itself
 for i in range(int(os.environ.get("STEPS", "100000"))):
+    if time.monotonic() > end:
+        break
     if rank == int(os.environ.get("SLEEPER", "-1")) and i == 2:
-        time.sleep(120)  # THE SLEEP: asleep in Python before collective #3
+        time.sleep(60)  # THE SLEEP: asleep in Python before collective #3
     if rank == int(os.environ.get("SLOW", "-1")):
         time.sleep(0.05)
     dist.all_reduce(x)  # THE COLLECTIVE

@@ -39,13 +39,34 @@ def _job(env: dict):
 
 
 def _stop(p) -> None:
+    """torchrun stops its workers on SIGTERM (they run in sessions of their own, out of reach of a
+    signal to torchrun's group); SIGKILL after."""
     import signal
 
+    p.terminate()
     try:
+        p.wait(20)
+    except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait(30)
+        p.wait(30)
+    for pid in _workers():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _workers() -> list[int]:
+    """Processes still running tests/live_job.py (none should outlive a test)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if str(JOB).encode() in (proc / "cmdline").read_bytes():
+                    out.append(int(proc.name))
+            except OSError:
+                continue
+    return out
 
 
 def _live(d, *extra):
