@@ -21,6 +21,7 @@ state "scheduled" and no times: counts and stacks, not durations.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import re
@@ -32,7 +33,7 @@ from commprobe.common.bundle import LIVE_SOCKETS
 from commprobe.common.errors import InputError
 
 from .hang import diagnose
-from .hang_records import _index, progress, where
+from .hang_records import _index, faulthandler_stacks, progress, where
 from .readers.flight_recorder import DumpError, RankDump, dump_of
 from .readers.worker_server import EndpointError, is_tcp, post
 
@@ -41,8 +42,6 @@ STRAGGLER_POLLS = 0.5  # the share of polls a rank must be behind in, alone, to 
 LEAD = 3  # ... and at least this many times as often as any other rank
 MAX_TRACEBACK = 1 << 20
 _TRAILING = re.compile(r"(\d+)(?:\.sock)?$")
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
-_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
 
 
 def endpoints(target: str) -> dict[int, str]:
@@ -61,8 +60,7 @@ def endpoints(target: str) -> dict[int, str]:
         if not items:
             raise InputError(f"{target}: no sockets in the directory (a rank serves one with torch's _WorkerServer)")
     elif any(c in target for c in "*?["):
-        items = sorted(str(f) for f in Path(p.anchor or ".").glob(str(p.relative_to(p.anchor)) if p.anchor else target)
-                       if f.is_socket())
+        items = sorted(f for f in glob.glob(target) if Path(f).is_socket())
         if not items:
             raise InputError(f"{target}: no socket matches")
     else:
@@ -77,23 +75,14 @@ def endpoints(target: str) -> dict[int, str]:
 
 
 def traceback_stacks(text: str) -> list[dict]:
-    """faulthandler's text (what `dump_traceback` answers) as [{thread, main, frames}]: frames
-    innermost first as written; the main thread is the one whose outermost frame is `<module>`."""
-    out, cur = [], None
-    for ln in text.splitlines()[:20000]:
-        m = _THREAD.match(ln)
-        if m:
-            cur = {"thread": m.group(2), "main": False, "frames": [], "current": m.group(1) == "Current thread"}
-            out.append(cur)
-        elif cur is not None and (f := _FRAME.match(ln)):
-            cur["frames"].append({"file": f.group(1)[:1000], "line": int(f.group(2)[:9]), "name": f.group(3)[:200]})
-    for st in out:
-        st["frames"].reverse()  # outermost first, as the dumps' stacks are kept (hang_records.where)
+    """What `dump_traceback` answers (faulthandler's text, hang_records.faulthandler_stacks) as
+    [{thread, main, frames}]; the main thread is the one whose outermost frame is `<module>`."""
+    out = faulthandler_stacks(text)
     main = next((s for s in out if s["frames"] and s["frames"][0]["name"] == "<module>"),
                 next((s for s in out if s["frames"] and not s["current"]), None))
     if main is not None:
         main["main"] = True
-    return [{k: v for k, v in s.items() if k != "current"} for s in out]
+    return [{"thread": s["thread"], "main": s is main, "frames": s["frames"]} for s in out]
 
 
 def _ask(rank: int, target: str, deadline: float) -> tuple[int, RankDump | None, str | None]:
@@ -173,7 +162,7 @@ def live(target: str, polls: int = 8, interval: float = 2.0, timeout: float = 5.
         out["findings"], out["groups"] = diag["findings"], diag["groups"]
         out["notes"] += diag["notes"]
     else:
-        out["state"], out["straggler"] = _straggler(history, answered)
+        out["state"], out["straggler"] = _straggler(history)
         if out["state"] == "straggler":
             s = out["straggler"]
             out["findings"].append({"kind": "straggler", "ranks": [s["rank"]], "pg": s["pg"], "summary": (
@@ -198,7 +187,7 @@ def _moving(history: list[dict[int, dict]]) -> bool:
                if r in first)
 
 
-def _straggler(history: list[dict[int, dict]], ranks: list[int]) -> tuple[str, dict | None]:
+def _straggler(history: list[dict[int, dict]]) -> tuple[str, dict | None]:
     """A rank alone behind its group's furthest enqueued count in STRAGGLER_POLLS of the polls or
     more; the group it lags in most."""
     behind: dict[tuple[int, str], list[int]] = {}

@@ -20,7 +20,7 @@ SCHEMA = "commprobe.hang/2"  # every hang answer's: dumps (hang.py), NCCL RAS (h
 _PLUMBING_FILES = re.compile(r"(/|^)(torch|collectives|threading\.py|contextlib\.py)(/|$)|c10d_logger|/threading\.py$")
 _COMM_METHODS = frozenset({"all_reduce", "all_gather", "all_to_all", "send_recv", "send_recv_start", "barrier", "_timed",
                            "wait", "__getattr__"})
-_FH_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
 _FH_FRAME = re.compile(r'^  File "(.+)", line (\d+) in (.+)$')
 
 
@@ -194,19 +194,29 @@ def _last_words(log: str | None) -> str:
     return lines[-1][:240] if lines else ""
 
 
-def _faulthandler_stack(log: str) -> dict | None:
-    """Where a rank killed by a signal was: Python's faulthandler wrote every thread's frames to its
-    log (most recent call first); the thread that is not our dump watcher."""
-    blocks, cur = [], None
-    for ln in log.splitlines():
-        if _FH_THREAD.match(ln):
-            cur = []
-            blocks.append(cur)
-        elif cur is not None and (m := _FH_FRAME.match(ln)):
-            cur.append({"file": m.group(1), "line": int(m.group(2)), "name": m.group(3)})
+def faulthandler_stacks(text: str) -> list[dict]:
+    """Python faulthandler's text (a killed rank's log; a live rank's `dump_traceback` answer) as
+    [{thread, current, frames}], frames outermost first as the dumps' stacks are kept. A block ends
+    at the first line that is neither a frame nor blank."""
+    out, cur = [], None
+    for ln in text.splitlines()[:20000]:
+        if m := _FH_THREAD.match(ln):
+            cur = {"thread": m.group(2), "current": m.group(1) == "Current thread", "frames": []}
+            out.append(cur)
+        elif cur is not None and (f := _FH_FRAME.match(ln)):
+            cur["frames"].append({"file": f.group(1)[:1000], "line": int(f.group(2)[:9]), "name": f.group(3)[:200]})
         elif cur is not None and ln.strip():
             cur = None
-    for frames in blocks:
+    for st in out:
+        st["frames"].reverse()  # faulthandler writes the most recent call first
+    return out
+
+
+def _faulthandler_stack(log: str) -> dict | None:
+    """Where a rank killed by a signal was: Python's faulthandler wrote every thread's frames to its
+    log; the thread that is not our dump watcher."""
+    for st in faulthandler_stacks(log):
+        frames = st["frames"]
         if frames and not any(f["file"].endswith("forensics.py") for f in frames):
-            return where(frames, innermost_first=True)
+            return where(frames, innermost_first=False)
     return None

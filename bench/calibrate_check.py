@@ -47,8 +47,7 @@ def subset(cal: Path, k: int) -> Path:
     out.mkdir()
     for r in doc["rounds"][:k]:
         (out / r["dir"]).symlink_to((cal / r["dir"]).resolve())
-    c = Calibration.__new__(Calibration)  # the document as calibrate writes it, the rounds cut to k
-    c.job, c.backends, c.rounds, c.done = doc["job"], doc["backends"], k, doc["rounds"][:k]
+    c = Calibration(job=doc["job"], backends=doc["backends"], rounds=k, done=doc["rounds"][:k])  # cut to k rounds
     write(out, c, "ok")
     write(out, c, "ok", cross_validate(out))
     return out

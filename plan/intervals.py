@@ -37,11 +37,11 @@ THIN = ("no interval: the calibration holds no repeated rounds of this job under
 
 
 def t95(df: int) -> float:
-    keys = sorted(_T95)
-    for k in reversed(keys):
-        if df >= k:
-            return _T95[k] if df <= 30 else 1.645 + (_T95[30] - 1.645) * 30 / df
-    return _T95[1]
+    """t(0.95, df): the table's value at the largest tabulated df not above it (the wider one), and
+    toward the normal's 1.645 beyond 30."""
+    if df > 30:
+        return 1.645 + (_T95[30] - 1.645) * 30 / df
+    return _T95[max((k for k in _T95 if k <= df), default=1)]
 
 
 def interval(predicted: float, errors: list[float]) -> tuple[float, float] | None:

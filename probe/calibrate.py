@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from commprobe.analyzers.calibration import CALIBRATION_FILE, CALIBRATION_SCHEMA
@@ -132,12 +132,4 @@ def job_like(path: str | Path) -> dict:
     return job
 
 
-def job_fields(cfg: RunConfig) -> dict:
-    """A RunConfig's fields that define the job (not where it is written, nor its backends)."""
-    d = asdict(cfg)
-    for k in ("backends", "out_dir"):
-        d.pop(k, None)
-    return d
-
-
-__all__ = ["Calibration", "Progress", "run_calibration", "job_fields", "job_like", "DEFAULT_ROUNDS"]
+__all__ = ["Calibration", "Progress", "run_calibration", "job_like", "DEFAULT_ROUNDS"]

@@ -229,7 +229,8 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     shm_tag = f"{os.getpid()}x{next(_launches)}"
     fr_dir = Path(forensics).resolve() if forensics else None
     (out / FR_TRIGGER).unlink(missing_ok=True)  # a trigger left by an earlier run in this directory
-    live = _live_sockets(fr_dir.parent if fr_dir else (out.parent if not own_dir else None), world_size)
+    run_root = fr_dir.parent if fr_dir else (out.parent if not own_dir else None)  # where live.json goes
+    live = _live_sockets(run_root, world_size)
     procs = [ctx.Process(target=_child, args=(r, world_size, str(init_file), fn, args, str(out), backend, timeout, shm_tag,
                                                     capture_output, str(fr_dir) if fr_dir else None,
                                                     str(live) if live else None),
@@ -277,7 +278,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
             from commprobe.common.bundle import LIVE_SOCKETS
 
             shutil.rmtree(live, ignore_errors=True)
-            ((fr_dir.parent if fr_dir else out.parent) / LIVE_SOCKETS).unlink(missing_ok=True)
+            (run_root / LIVE_SOCKETS).unlink(missing_ok=True)
         if own_dir:
             shutil.rmtree(out, ignore_errors=True)
 

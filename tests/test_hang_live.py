@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,18 +25,23 @@ def _line(marker: str) -> int:
     return next(i for i, ln in enumerate(JOB.read_text().splitlines(), 1) if marker in ln)
 
 
+@contextmanager
 def _job(env: dict):
-    """Start the job; yield its socket directory once every rank serves; stop it."""
+    """The job running: its socket directory once every rank serves; stopped on the way out, also
+    when it fails to start."""
     d = Path(tempfile.mkdtemp(prefix="cp-live-"))  # short: a socket path is limited to 107 bytes
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
                           str(JOB)], env={**os.environ, "LIVE_DIR": str(d), "OMP_NUM_THREADS": "1", **env},
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while len(list(d.glob("*.sock"))) < 3:
-        assert p.poll() is None and time.monotonic() < deadline, "the job did not start"
-        time.sleep(0.2)
-    time.sleep(1.5)  # a few collectives in
-    return p, d
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(d.glob("*.sock"))) < 3:
+            assert p.poll() is None and time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.2)
+        time.sleep(1.5)  # a few collectives in
+        yield d
+    finally:
+        _stop(p)
 
 
 def _stop(p) -> None:
@@ -76,11 +82,8 @@ def _live(d, *extra):
 
 
 def test_a_rank_asleep_before_a_collective_is_named_now_with_its_stack():
-    p, d = _job({"SLEEPER": "1"})
-    try:
+    with _job({"SLEEPER": "1"}) as d:
         r, doc, took = _live(d)
-    finally:
-        _stop(p)
     assert doc is not None, r.stderr
     assert doc["state"] == "hang" and took < 10, (doc, took)  # long before any timeout (gloo's: 30 min)
     f = doc["findings"][0]
@@ -94,33 +97,24 @@ def test_a_rank_asleep_before_a_collective_is_named_now_with_its_stack():
 
 
 def test_a_slow_rank_is_a_straggler_not_a_hang_and_a_healthy_job_has_no_finding():
-    p, d = _job({"SLOW": "2"})
-    try:
+    with _job({"SLOW": "2"}) as d:
         r, doc, _ = _live(d)
-    finally:
-        _stop(p)
     assert doc["state"] == "straggler" and doc["straggler"]["rank"] == 2, doc
     assert doc["findings"][0]["kind"] == "straggler" and "not a hang" in doc["findings"][0]["summary"]
-    p, d = _job({})
-    try:
+    with _job({}) as d:
         r, doc, _ = _live(d)
         text = run_cli("hang", "--live", str(d), timeout=60)
-    finally:
-        _stop(p)
     assert doc["state"] == "running" and doc["findings"] == [] and r.returncode == 0, doc
     assert text.stdout.startswith("running: no finding")
 
 
 def test_a_rank_that_does_not_answer_is_named_and_the_answer_is_partial(tmp_path):
-    p, d = _job({"SLEEPER": "1"})
-    dead = d / "rank-3.sock"  # a socket left by a process that is gone: nobody listens on it
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(str(dead))
-    s.close()
-    try:
+    with _job({"SLEEPER": "1"}) as d:
+        dead = d / "rank-3.sock"  # a socket left by a process that is gone: nobody listens on it
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(dead))
+        s.close()
         r, doc, _ = _live(d)
-    finally:
-        _stop(p)
     assert doc["partial"] and "connection refused" in doc["unanswered"]["3"] and doc["ranks"] == [0, 1, 2]
     assert doc["state"] == "hang" and any("partial" in n for n in doc["notes"])
 
