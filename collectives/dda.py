@@ -52,6 +52,7 @@ DEFAULT_TWOSHOT_MIN = 32 << 10
 WAIT_MODES = ("spin-futex", "futex", "yield", "spin", "adaptive")
 DEFAULT_WAIT = "spin-futex"
 _u64p = ctypes.POINTER(ctypes.c_uint64)
+_INTERRUPTED = -1000  # DDA_INTERRUPTED in dda_cpu.c
 
 
 class DDAError(RuntimeError):
@@ -92,6 +93,8 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     lib.dda_all_to_all.argtypes, lib.dda_all_to_all.restype = [vp, vp, _u64p, _u64p, vp, _u64p, _u64p], i32
     lib.dda_send_recv.argtypes, lib.dda_send_recv.restype = [vp, vp, vp, u64, i32, i32], i32
     lib.dda_barrier.argtypes, lib.dda_barrier.restype = [vp], i32
+    lib.dda_watch_signals.argtypes, lib.dda_watch_signals.restype = [], i32
+    lib.dda_signals_seen.argtypes, lib.dda_signals_seen.restype = [], ctypes.c_uint32
     _LIB = lib
     return lib, ""
 
@@ -154,6 +157,9 @@ class DDAComm:
             if not self._ctx:
                 raise DDAError("dda_open rejected the group layout")
             lib.dda_set_wait(self._ctx, WAIT_MODES.index(wait))
+            # Ctrl-C (and a SIGTERM with a handler) ends a wait at once, not at the timeout: the
+            # call returns and Python raises the handler's exception (dda_cpu.c, "Signals").
+            lib.dda_watch_signals()
 
     # ---- setup and teardown ----
 
@@ -212,6 +218,8 @@ class DDAComm:
     # ---- helpers ----
 
     def _check(self, rc: int, op: str) -> None:
+        if rc == _INTERRUPTED:  # Python has run the signal's handler by now; it did not raise
+            raise DDAError(f"DDA {op} on axis {self.axis}: interrupted by a signal; the group is out of step")
         if rc < 0:
             peer = -rc - 1
             raise DDAError(f"DDA {op} on axis {self.axis}: timed out waiting for group rank {peer}")

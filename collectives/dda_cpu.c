@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,6 +58,7 @@
 #define BLOCK 2048 /* elements reduced per pass, so partial sums stay in L1 */
 #define A2A_ROUND (256u * 1024u) /* all-to-all bytes per peer and round (pipelining grain) */
 #define SPIN_MIN_NS 2000 /* the adaptive spin budget's floor: one futex round trip or so */
+#define DDA_INTERRUPTED (-1000) /* a collective's return when a watched signal arrived during it */
 
 enum { WAIT_SPIN_FUTEX = 0, WAIT_FUTEX = 1, WAIT_YIELD = 2, WAIT_SPIN = 3, WAIT_ADAPTIVE = 4, WAIT_MODES = 5 };
 
@@ -84,6 +86,7 @@ typedef struct {
     int64_t spin_cur; /* ADAPTIVE: the spin budget now, in [SPIN_MIN_NS, spin_ns] */
     int64_t timeout_ns;
     int wait_mode;
+    uint32_t sig0; /* g_signals when the running collective started */
 } dda_ctx;
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
@@ -111,35 +114,87 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
-/* Spin until f->val >= target or `ns` have passed (or the deadline, for ns < 0); 1 when reached. */
-static int spin_for(flag_t *f, uint32_t target, int64_t ns, int64_t deadline, int yield) {
+/* Signals. A rank waiting here is inside one C call with the GIL released, and Python runs its
+ * own signal handlers (Ctrl-C's KeyboardInterrupt) only when that call returns: a rank whose peer
+ * will never arrive would ignore Ctrl-C until the DDA timeout. So dda_watch_signals() puts a
+ * handler in front of each watched signal that has a handler (Python's): it counts the signal
+ * and calls the handler it replaced, and every wait gives up with DDA_INTERRUPTED once the count
+ * moved during the collective, so the call returns and Python acts on the signal. Signals left at
+ * their default (SIGTERM kills) or ignored are not touched. A later signal.signal() replaces our
+ * handler, which only turns this off again. */
+#define N_WATCHED 2
+static const int WATCHED[N_WATCHED] = {SIGINT, SIGTERM};
+static struct sigaction g_prev[N_WATCHED];
+static uint32_t g_signals; /* watched signals seen, ever (atomic: async-signal-safe) */
+
+static void on_signal(int sig, siginfo_t *info, void *uctx) {
+    __atomic_fetch_add(&g_signals, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < N_WATCHED; i++) {
+        if (WATCHED[i] != sig) continue;
+        if (g_prev[i].sa_flags & SA_SIGINFO) g_prev[i].sa_sigaction(sig, info, uctx);
+        else if (g_prev[i].sa_handler != SIG_DFL && g_prev[i].sa_handler != SIG_IGN) g_prev[i].sa_handler(sig);
+    }
+}
+
+/* Watch SIGINT and SIGTERM where a handler is installed; returns how many are watched now. */
+int dda_watch_signals(void) {
+    int n = 0;
+    for (int i = 0; i < N_WATCHED; i++) {
+        struct sigaction cur, mine;
+        if (sigaction(WATCHED[i], NULL, &cur)) continue;
+        if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_signal) { n++; continue; }
+        if (!(cur.sa_flags & SA_SIGINFO) && (cur.sa_handler == SIG_DFL || cur.sa_handler == SIG_IGN)) continue;
+        mine = cur;
+        mine.sa_sigaction = on_signal;
+        mine.sa_flags = (cur.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+        g_prev[i] = cur;
+        if (sigaction(WATCHED[i], &mine, NULL) == 0) n++;
+    }
+    return n;
+}
+
+/* How many watched signals this process has seen (tests). */
+uint32_t dda_signals_seen(void) { return __atomic_load_n(&g_signals, __ATOMIC_SEQ_CST); }
+
+static inline int signalled(const dda_ctx *c) { return __atomic_load_n(&g_signals, __ATOMIC_RELAXED) != c->sig0; }
+
+/* Spin until f->val >= target or `ns` have passed (or the deadline, for ns < 0): 1 when reached,
+ * 0 when the time ran out, -1 when a watched signal arrived. */
+static int spin_for(dda_ctx *c, flag_t *f, uint32_t target, int64_t ns, int64_t deadline, int yield) {
     int64_t end = ns >= 0 ? now_ns() + ns : deadline;
     if (end > deadline) end = deadline;
     for (unsigned i = 1;; i++) {
         if (yield) sched_yield();
         else cpu_relax();
         if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 1;
+        if (signalled(c)) return -1;
         if ((yield || (i & 63) == 0) && now_ns() > end) return 0;
     }
 }
 
-/* Wait until f->val >= target; 0 on success, -1 on timeout. */
+/* Wait until f->val >= target; 0 on success, -1 on timeout, -2 when a watched signal arrived. */
 static int wait_ge(dda_ctx *c, flag_t *f, uint32_t target) {
     if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
     int64_t deadline = now_ns() + c->timeout_ns;
+    int s;
     switch (c->wait_mode) {
     case WAIT_SPIN:
     case WAIT_YIELD:
-        return spin_for(f, target, -1, deadline, c->wait_mode == WAIT_YIELD) ? 0 : -1;
+        s = spin_for(c, f, target, -1, deadline, c->wait_mode == WAIT_YIELD);
+        return s > 0 ? 0 : s < 0 ? -2 : -1;
     case WAIT_ADAPTIVE:
-        if (spin_for(f, target, c->spin_cur, deadline, 0)) {
+        s = spin_for(c, f, target, c->spin_cur, deadline, 0);
+        if (s > 0) {
             c->spin_cur = c->spin_cur * 2 > c->spin_ns ? c->spin_ns : c->spin_cur * 2;
             return 0;
         }
+        if (s < 0) return -2;
         c->spin_cur = c->spin_cur / 2 < SPIN_MIN_NS ? SPIN_MIN_NS : c->spin_cur / 2;
         break;
     case WAIT_SPIN_FUTEX:
-        if (c->spin_ns > 0 && spin_for(f, target, c->spin_ns, deadline, 0)) return 0;
+        s = c->spin_ns > 0 ? spin_for(c, f, target, c->spin_ns, deadline, 0) : 0;
+        if (s > 0) return 0;
+        if (s < 0) return -2;
         break;
     default: /* WAIT_FUTEX */
         break;
@@ -148,12 +203,17 @@ static int wait_ge(dda_ctx *c, flag_t *f, uint32_t target) {
     for (;;) {
         __atomic_fetch_add(&f->waiters, 1, __ATOMIC_SEQ_CST);
         uint32_t v = __atomic_load_n(&f->val, __ATOMIC_SEQ_CST);
-        if (!reached(v, target)) syscall(SYS_futex, &f->val, FUTEX_WAIT, v, &slice, NULL, 0);
+        /* a signal arriving here ends FUTEX_WAIT at once (EINTR), and the check below sees it */
+        if (!reached(v, target) && !signalled(c)) syscall(SYS_futex, &f->val, FUTEX_WAIT, v, &slice, NULL, 0);
         __atomic_fetch_sub(&f->waiters, 1, __ATOMIC_SEQ_CST);
         if (reached(__atomic_load_n(&f->val, __ATOMIC_ACQUIRE), target)) return 0;
+        if (signalled(c)) return -2;
         if (now_ns() > deadline) return -1;
     }
 }
+
+/* A failed wait on peer p as a collective's return: -(p + 1) for a timeout, or DDA_INTERRUPTED. */
+static inline int failed(int w, int p) { return w == -2 ? DDA_INTERRUPTED : -(p + 1); }
 
 static void post(flag_t *f, uint32_t v) {
     __atomic_store_n(&f->val, v, __ATOMIC_SEQ_CST);
@@ -171,7 +231,8 @@ static int64_t begin_step(dda_ctx *c) {
     uint32_t k = ++c->k;
     for (int p = 0; p < c->world; p++) {
         if (p == c->rank) continue;
-        if (wait_ge(c, &c->hdr[p].ready, k - 1)) return -(p + 1);
+        int w = wait_ge(c, &c->hdr[p].ready, k - 1);
+        if (w) return failed(w, p);
     }
     return k;
 }
@@ -180,7 +241,8 @@ static int wait_all(dda_ctx *c, int second, uint32_t k) {
     for (int p = 0; p < c->world; p++) {
         if (p == c->rank) continue;
         flag_t *f = second ? &c->hdr[p].ready2 : &c->hdr[p].ready;
-        if (wait_ge(c, f, k)) return -(p + 1);
+        int w = wait_ge(c, f, k);
+        if (w) return failed(w, p);
     }
     return 0;
 }
@@ -277,6 +339,7 @@ int dda_set_wait(dda_ctx *c, int mode) {
 
 /* One-shot allreduce, in place allowed (out == in). Returns 0 or -(peer + 1). */
 int dda_allreduce_oneshot(dda_ctx *c, const char *in, char *out, uint64_t n, int dtype) {
+    c->sig0 = dda_signals_seen();
     uint64_t es = ELSIZE[dtype], per = c->slot_bytes / es;
     const char *src[MAXW];
     for (uint64_t off = 0; off < n || off == 0; off += per) {
@@ -302,6 +365,7 @@ int dda_allreduce_oneshot(dda_ctx *c, const char *in, char *out, uint64_t n, int
  * every chunk but its own (it reads its own chunk from its private input), and writes its reduced
  * chunk once into its output and once into its slot, where the peers read it. */
 int dda_allreduce_twoshot(dda_ctx *c, const char *in, char *out, uint64_t n, int dtype) {
+    c->sig0 = dda_signals_seen();
     uint64_t es = ELSIZE[dtype], per = c->slot_bytes / es;
     int w = c->world, me = c->rank;
     const char *src[MAXW];
@@ -329,7 +393,8 @@ int dda_allreduce_twoshot(dda_ctx *c, const char *in, char *out, uint64_t n, int
         post(&c->hdr[me].ready2, (uint32_t)k);
         for (int i = 1; i < w; i++) {
             int p = (me + i) % w; /* stagger so ranks do not all read the same slot at once */
-            if (wait_ge(c, &c->hdr[p].ready2, k)) return -(p + 1);
+            int wr = wait_ge(c, &c->hdr[p].ready2, k);
+            if (wr) return failed(wr, p);
             uint64_t plo = (uint64_t)p * chunk;
             if (plo >= m) continue;
             uint64_t len = m - plo < chunk ? m - plo : chunk;
@@ -342,6 +407,7 @@ int dda_allreduce_twoshot(dda_ctx *c, const char *in, char *out, uint64_t n, int
 /* Publish `in` step by step and read it back from the peers: every peer (all-gather, into
  * out + p * nbytes) or only `src` (ring exchange, into out). */
 static int exchange(dda_ctx *c, const char *in, char *out, uint64_t nbytes, int src) {
+    c->sig0 = dda_signals_seen();
     uint64_t per = c->slot_bytes;
     for (uint64_t off = 0; off < nbytes; off += per) {
         uint64_t m = nbytes - off < per ? nbytes - off : per;
@@ -351,7 +417,8 @@ static int exchange(dda_ctx *c, const char *in, char *out, uint64_t nbytes, int 
         post(&c->hdr[c->rank].ready, (uint32_t)k);
         for (int i = 0; i < c->world; i++) {
             int p = src >= 0 ? src : (c->rank + i) % c->world;
-            if (p != c->rank && wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);
+            int wr = p != c->rank ? wait_ge(c, &c->hdr[p].ready, k) : 0;
+            if (wr) return failed(wr, p);
             memcpy(src >= 0 ? out + off : out + (uint64_t)p * nbytes + off, slot(c, k, p), m);
             if (src >= 0) break;
         }
@@ -369,6 +436,7 @@ int dda_all_gather(dda_ctx *c, const char *in, char *out, uint64_t nbytes) { ret
  * all take the max). */
 int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uint64_t *in_len,
                    char *out, const uint64_t *out_off, const uint64_t *out_len) {
+    c->sig0 = dda_signals_seen();
     int w = c->world, me = c->rank;
     uint64_t cap = (c->slot_bytes / (w > 1 ? w - 1 : 1)) & ~(uint64_t)(CL - 1);
     /* Rounds no larger than A2A_ROUND: with double buffering a sender copies round r + 1 in
@@ -400,7 +468,8 @@ int dda_all_to_all(dda_ctx *c, const char *in, const uint64_t *in_off, const uin
         }
         for (int i = 1; i < w; i++) {
             int p = (me + w - i) % w; /* stagger: i-th sender upstream */
-            if (wait_ge(c, &c->hdr[p].ready, k)) return -(p + 1);
+            int wr = wait_ge(c, &c->hdr[p].ready, k);
+            if (wr) return failed(wr, p);
             if (r == 0 && c->hdr[p].rounds[k & 1] > rounds) rounds = c->hdr[p].rounds[k & 1];
             if (o < out_len[p])
                 memcpy(out + out_off[p] + o, slot(c, k, p) + (uint64_t)(i - 1) * cap,
@@ -419,6 +488,7 @@ int dda_send_recv(dda_ctx *c, const char *in, char *out, uint64_t nbytes, int ds
 
 /* A step with no data: every rank arrives before any leaves. */
 int dda_barrier(dda_ctx *c) {
+    c->sig0 = dda_signals_seen();
     int64_t k = begin_step(c);
     if (k < 0) return (int)k;
     post(&c->hdr[c->rank].ready, (uint32_t)k);

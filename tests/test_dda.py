@@ -136,6 +136,21 @@ def test_every_wait_mode_honours_the_deadline():
         assert 0.9 <= secs <= 4.0, (m, secs)
 
 
+@pytest.mark.parametrize("raising", [True, False], ids=["KeyboardInterrupt", "quiet-handler"])
+def test_ctrl_c_ends_a_wait_at_once_in_every_mode(raising):
+    """A rank whose peer never comes, Ctrl-C'd: the wait ends within a second in every mode, not at
+    the DDA timeout (30 s here). Python's handler raises KeyboardInterrupt out of the call; a handler
+    that does not raise still ends the call, with a DDAError saying why (the C wait loop returns on
+    any watched signal, since Python acts on signals only between calls)."""
+    modes = ["spin-futex", "futex", "yield", "spin", "adaptive"]
+    rows = launch(workers.dda_wait_modes_interrupted, 2, (modes, 30.0, raising), timeout=120)[0]
+    assert [m for m, _, _ in rows] == modes
+    for m, secs, err in rows:
+        want = "KeyboardInterrupt" if raising else "DDAError: DDA all_reduce on axis tp: interrupted by a signal"
+        assert err.startswith(want), (m, err)
+        assert 0.0 <= secs <= 1.0, (m, secs)
+
+
 def test_unknown_wait_mode_is_one_line(monkeypatch):
     from commprobe.collectives.dda import DDAComm
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -199,7 +200,9 @@ def test_our_own_ranks_answer_while_a_profile_runs(tmp_path):
     out = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "commprobe.probe.cli", "profile", "--preset", "tiny", "--tp", "2",
                           "--steps", "200", "--prompt-len", "16", "--repeats", "20", "--backend", "gloo",
-                          "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         # Ctrl-C acts as from a terminal even when the suite runs as a background job
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not (out / "live.json").is_file():
@@ -218,8 +221,6 @@ def test_our_own_ranks_answer_while_a_profile_runs(tmp_path):
         assert all(doc["stacks"][str(k)] for k in (0, 1))
         assert all(os.stat(s).st_mode & 0o077 == 0 for s in socks.values())  # the user's own
     finally:
-        import signal
-
         p.send_signal(signal.SIGINT)  # Ctrl-C: the launcher still takes its sockets down
         p.wait(120)
     assert not (out / "live.json").exists()

@@ -130,7 +130,10 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing_behind(tmp_path):
     before = set(shm_dir().glob(f"{SHM_PREFIX}-*"))
     p = subprocess.Popen([sys.executable, "-m", "commprobe.probe.cli", "profile", "--preset", "tiny", "--steps", "100", "--prompt-len", "16",
                           "--repeats", "50", "--backend", "dda", "--out", str(out)], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         # as a terminal's foreground job has it: a suite started in the background of a
+                         # non-interactive shell inherits SIGINT ignored, and the run then finished (exit 0)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while time.time() < deadline and not any(
             "repeat" in f.read_text() for f in (out / "ranks").glob("*.progress") if f.exists()):

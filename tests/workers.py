@@ -254,3 +254,39 @@ def dda_wait_modes_time_out(modes: list[str], timeout: float) -> list[tuple[str,
             err = str(e)
         out.append((m, time.perf_counter() - t0, err))
     return out
+
+
+def dda_wait_modes_interrupted(modes: list[str], timeout: float, raising: bool) -> list[tuple[str, float, str]]:
+    """Rank 1 sets up one DDA per wait mode, then never calls; rank 0 calls each in turn and sends
+    itself SIGINT 0.3 s into the wait. Returns (mode, seconds from the signal until the call ended,
+    what it raised) per mode. `raising`: Python's own Ctrl-C handler (KeyboardInterrupt); else a
+    handler that only notes the signal (the call must still end, with a DDAError)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from commprobe.collectives.dda import DDAComm
+
+    if not raising:
+        signal.signal(signal.SIGINT, lambda *_: None)
+    comms = [DDAComm("tp", wait=m, timeout=timeout) for m in modes]
+    if dist.get_rank() != 0:
+        time.sleep(len(modes) * 3 + 2)
+        return []
+    out = []
+    for m, c in zip(modes, comms):
+        sent = []
+        timer = threading.Timer(0.3, lambda: (sent.append(time.perf_counter()), os.kill(os.getpid(), signal.SIGINT)))
+        timer.start()
+        try:
+            c.all_reduce(torch.ones(64))
+            err = "returned"
+        except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt is the point
+            err = f"{type(e).__name__}: {e}"
+        ended = time.perf_counter()
+        timer.join()
+        out.append((m, ended - sent[0] if sent else -1.0, err))
+    return out
