@@ -345,20 +345,28 @@ def render_sweep(res: dict, ops: list[str], world: int, dtype: str, batches: int
 
     load = res.get("load", 0)
     beside = f", beside {load} busy process{'es' if load != 1 else ''}" if load else ""
-    names = list(dict.fromkeys(r["backend"] for r in res["rows"]))
-    ref_name = "dda" if "dda" in names else next((b for b in names if b.startswith("dda")), "")
+    ref_name = next((r["vs"]["backend"] for r in res["rows"] if r.get("vs")), "dda")
     table = Table(title=f"{', '.join(ops)} sweep, world {world}, {dtype}{beside} (median of {batches} batches)")
-    for col in ("op", "size", "count", "backend", "time_us", "algbw GB/s", "busbw GB/s", f"vs {ref_name or 'dda'}"):
+    for col in ("op", "size", "count", "backend", "time_us", "p10-p90 us", "algbw GB/s", "busbw GB/s",
+                f"vs {ref_name}"):
         table.add_column(col, justify="right", no_wrap=True)
-    ref_t = {(r["op"], r["bytes"]): r["time_us"] for r in res["rows"] if r["backend"] == ref_name}
+    noise = False
     for r in res["rows"]:
-        ref = ref_t.get((r["op"], r["bytes"]))
-        ratio = f"{r['time_us'] / ref:.2f}x" if ref and r["backend"] != ref_name else ""
+        vs = r.get("vs")
+        cell = ""
+        if vs:
+            cell = f"{vs['ratio']:.2f}x ({vs['low']:.2f}-{vs['high']:.2f})"
+            if not vs["beyond_noise"]:
+                cell, noise = cell + " ~", True
+        p10, p90 = r.get("p10_us"), r.get("p90_us")
         table.add_row(r["op"], human_size(r["bytes"]), str(r["count"]), r["backend"], f"{r['time_us']:.1f}",
-                      f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", ratio)
+                      f"{p10:.1f}-{p90:.1f}" if p10 is not None and p90 is not None else "",
+                      f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", cell)
     console.print(table)
     console.print(f"single-thread copy bandwidth: {res['copy_GBps']:.1f} GB/s (bytes copied per second); "
-                  f"'vs {ref_name or 'dda'}' = backend time / {ref_name or 'dda'} time", highlight=False)
+                  f"'vs {ref_name}' = backend time / {ref_name} time, medians (the range: p10/p90 against p90/p10)"
+                  + ("; '~': the two ranges overlap, no difference beyond the noise" if noise else ""),
+                  highlight=False)
 
 
 def render_time_sharing(rows: list[dict], world: int, cores: int, backend: str, size: str, rounds: int,

@@ -125,6 +125,17 @@ def test_every_wait_mode_equals_gloo(wait, monkeypatch):
         assert all(res.values()), f"{wait} rank {rank}: {res}"
 
 
+def test_pinned_ranks_in_every_wait_mode_equal_gloo(monkeypatch):
+    """Each rank bound to a core of its own (a sweep's +pin variant; 3 ranks on this host's cores, so
+    two may share one) changes nothing DDA computes, in any wait mode."""
+    for wait in ("futex", "yield", "spin", "adaptive", "spin-futex"):
+        monkeypatch.setenv("COMMPROBE_DDA_WAIT", wait)
+        for rows in launch(workers.pinned_dda_allreduce_vs_gloo, 3, ([1, 4097, 300_001], DTYPES, False, 256 << 10),
+                           timeout=300):
+            for n, dt, diff, mag in rows:
+                assert diff <= TOL[dt] * max(1.0, mag), f"{wait} pinned n={n} {dt}: |dda - gloo| = {diff}"
+
+
 def test_every_wait_mode_honours_the_deadline():
     """A peer that never comes: each mode gives up at its deadline with the peer named (a pure
     spin or yield loop must check the clock too)."""

@@ -29,6 +29,47 @@ def test_sweep_json_rows_are_consistent():
         assert x["algbw_GBps"] == pytest.approx(x["bytes"] / x["time_us"] / 1e3)
         assert x["busbw_GBps"] == pytest.approx(x["algbw_GBps"] * bus_factor(x["op"], 2))
         assert len(x["batches_us"]) == 2
+        assert min(x["batches_us"]) <= x["p10_us"] <= x["time_us"] <= x["p90_us"] <= max(x["batches_us"])
+        if x["backend"] == "dda":
+            assert x["vs"] is None  # the reference
+        else:
+            ref = next(y for y in rows if y["backend"] == "dda" and (y["op"], y["bytes"]) == (x["op"], x["bytes"]))
+            assert x["vs"]["ratio"] == pytest.approx(x["time_us"] / ref["time_us"])
+            assert x["vs"]["low"] == pytest.approx(x["p10_us"] / ref["p90_us"])
+
+
+def test_spread_and_beyond_the_noise():
+    """p10/p50/p90 over batches; two variants differ beyond the noise only where their p10-p90
+    ranges are apart, and the ratio's range runs from p10/p90 to p90/p10."""
+    from commprobe.probe.bench.sweep import attach_versus, spread
+
+    assert spread([5.0]) == (5.0, 5.0, 5.0)
+    p10, p50, p90 = spread([10.0, 20.0, 30.0, 40.0, 50.0])
+    assert (p10, p50, p90) == (pytest.approx(14.0), 30.0, pytest.approx(46.0))
+    row = {"op": "allreduce", "bytes": 4096}
+    rows = attach_versus([{**row, "backend": "dda", "time_us": 10.0, "p10_us": 9.0, "p90_us": 11.0},
+                          {**row, "backend": "gloo", "time_us": 30.0, "p10_us": 25.0, "p90_us": 40.0},
+                          {**row, "backend": "deepspeed", "time_us": 11.0, "p10_us": 10.5, "p90_us": 14.0}])
+    assert rows[0]["vs"] is None
+    assert rows[1]["vs"] == {"backend": "dda", "ratio": 3.0, "low": pytest.approx(25 / 11), "high": pytest.approx(40 / 9),
+                             "beyond_noise": True}
+    assert rows[2]["vs"]["beyond_noise"] is False  # 10.5-14 overlaps 9-11
+
+
+def test_pinned_variants_bind_each_rank_to_its_own_core_and_alternate():
+    """`<backend>+pin`: the rank is bound to one core for that variant's batches and freed again
+    for the next variant's; the sweep runs both in one launch."""
+    from commprobe.probe.launch import launch
+    from tests import workers
+
+    every = sorted(__import__("os").sched_getaffinity(0))
+    got = launch(workers.pin_placement, 2, (), timeout=120)
+    for rank, (pinned, free) in enumerate(got):
+        assert pinned == [every[rank % len(every)]] and free == every
+    r = run_cli("bench", "collectives", "--backend", "dda,dda+pin,gloo+pin", "--min", "4K", "--max", "4K",
+                "--batches", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [x["backend"] for x in json.loads(r.stdout)] == ["dda", "dda+pin", "gloo+pin"]
 
 
 def test_missing_peer_is_reported_not_fatal():
@@ -47,6 +88,8 @@ def test_missing_peer_is_reported_not_fatal():
     (["--min", "1M", "--max", "4K"], "need --min <= --max"),
     (["--load", "-1"], "--load must be 0 or more"),
     (["--backend", "dda-nap"], "unknown backend 'dda-nap'"),
+    (["--backend", "mpi+pin"], "unknown backend 'mpi'"),
+    (["--backend", "dda+pin,dda+pin"], "lists a backend twice"),
 ])
 def test_bad_sweep_arguments(args, needle):
     r = run_cli("bench", "collectives", *args)

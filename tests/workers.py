@@ -290,3 +290,28 @@ def dda_wait_modes_interrupted(modes: list[str], timeout: float, raising: bool) 
         timer.join()
         out.append((m, ended - sent[0] if sent else -1.0, err))
     return out
+
+
+def pin_placement() -> tuple[list[int], list[int]]:
+    """The cores this rank may run on while a +pin variant runs, then while an unpinned one does."""
+    import os
+
+    import torch.distributed as dist
+
+    from commprobe.probe.bench.sweep import _placer
+
+    place = _placer(dist.get_rank())
+    place("dda+pin")
+    pinned = sorted(os.sched_getaffinity(0))
+    place("dda")
+    return pinned, sorted(os.sched_getaffinity(0))
+
+
+def pinned_dda_allreduce_vs_gloo(*args):
+    """dda_allreduce_vs_gloo with this rank bound to a core of its own (as a +pin variant runs)."""
+    import torch.distributed as dist
+
+    from commprobe.probe.bench.sweep import _placer
+
+    _placer(dist.get_rank())("dda+pin")
+    return dda_allreduce_vs_gloo(*args)

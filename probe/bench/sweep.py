@@ -30,6 +30,49 @@ DDA_WAITS = tuple(f"dda-{m}" for m in WAIT_MODES)
 # Other libraries' CPU shared-memory allreduce, measured as peers (allreduce only).
 PEERS = ("deepspeed", "vllm")
 BENCH_BACKENDS = ("gloo", "dda", *DDA_WAITS, *PEERS, "nccl")
+# <backend>+pin: the same backend with each rank bound to a core of its own (rank r to the r-th
+# usable core, modulo their number), as vLLM's CPU backend binds its threads and oneCCL and
+# DeepSpeed let the user do. The binding is set before each of the variant's batches and undone
+# before the next variant's, so pinned and unpinned alternate within one launch.
+PIN = "+pin"
+
+
+def split_variant(name: str) -> tuple[str, bool]:
+    """'dda-futex+pin' -> ('dda-futex', True)."""
+    return (name[: -len(PIN)], True) if name.endswith(PIN) else (name, False)
+
+
+def reference_of(names: list[str]) -> str:
+    """The variant every other is compared with: dda, else the first DDA variant, else the first."""
+    return "dda" if "dda" in names else next((b for b in names if b.startswith("dda")), names[0] if names else "")
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """p10, p50, p90 of a variant's batches (inclusive deciles; one batch is its own spread)."""
+    if len(values) < 2:
+        v = values[0] if values else float("nan")
+        return v, v, v
+    q = statistics.quantiles(values, n=10, method="inclusive")
+    return q[0], statistics.median(values), q[-1]
+
+
+def versus(row: dict, ref: dict) -> dict:
+    """`row` against the reference at the same op and size: the ratio of medians (>1: the reference
+    is faster), the range the batches allow (p10/p90 against p90/p10), and whether the two ranges
+    are apart (beyond the noise) or overlap (no difference beyond the noise)."""
+    apart = row["p10_us"] > ref["p90_us"] or row["p90_us"] < ref["p10_us"]
+    return {"backend": ref["backend"], "ratio": row["time_us"] / ref["time_us"],
+            "low": row["p10_us"] / ref["p90_us"], "high": row["p90_us"] / ref["p10_us"], "beyond_noise": apart}
+
+
+def attach_versus(rows: list[dict]) -> list[dict]:
+    """Each row gains `vs`: its comparison with the reference variant (None for the reference)."""
+    ref_name = reference_of(list(dict.fromkeys(r["backend"] for r in rows)))
+    refs = {(r["op"], r["bytes"]): r for r in rows if r["backend"] == ref_name}
+    for r in rows:
+        ref = refs.get((r["op"], r["bytes"]))
+        r["vs"] = versus(r, ref) if ref is not None and r is not ref else None
+    return rows
 
 
 @dataclass
@@ -62,7 +105,14 @@ class SweepConfig:
     def __post_init__(self) -> None:
         from commprobe.collectives.backends import resolve_backends
 
-        self.backends = resolve_backends(self.backends, BENCH_BACKENDS)
+        names = []
+        for b in self.backends:
+            base, pin = split_variant(b.strip())
+            if base:
+                names.append(resolve_backends([base], BENCH_BACKENDS)[0] + (PIN if pin else ""))
+        if len(set(names)) != len(names) or not names:
+            raise ValueError("--backend lists a backend twice, or none")
+        self.backends = names
         for o in self.ops:
             if o not in OPS:
                 raise ValueError(f"unknown op {o!r} (known: {', '.join(OPS)})")
@@ -94,6 +144,8 @@ class Row:
     busbw_GBps: float
     iters: int
     batches_us: list[float]
+    p10_us: float
+    p90_us: float
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -226,17 +278,22 @@ def sweep_rank(cfg: SweepConfig) -> dict:
     dtype = DTYPES[cfg.dtype]
     es = torch.tensor([], dtype=dtype).element_size()
     skipped: dict[str, str] = {}
+    made: dict[str, object] = {}  # one comm per base backend, shared by its pinned variant
     comms = {}
     for b in cfg.backends:
-        why = (deepspeed_unavailable_reason() if b == "deepspeed" else vllm_unavailable_reason() if b == "vllm"
-               else None)
-        if why is None:
+        base, _ = split_variant(b)
+        why = (deepspeed_unavailable_reason() if base == "deepspeed" else vllm_unavailable_reason() if base == "vllm"
+               else skipped.get(base))
+        if why is None and base not in made:
             try:
-                comms[b] = _make(b)
+                made[base] = _make(base)
             except Exception as e:  # a backend that cannot start here is reported, not fatal
                 why = f"{type(e).__name__}: {e}"
-        if why is not None:
-            skipped[b] = why
+        if why is None:
+            comms[b] = made[base]
+        else:
+            skipped[b] = skipped.setdefault(base, why)
+    place = _placer(rank)
     dist.barrier()
     copy_bw = copy_bandwidth_GBps() if rank == 0 else 0.0
     dist.barrier()
@@ -244,11 +301,12 @@ def sweep_rank(cfg: SweepConfig) -> dict:
     total, done = len(sizes) * len(cfg.ops), 0
     rows: list[Row] = []
     for op in cfg.ops:
-        active = {b: c for b, c in comms.items() if not (op == "all_to_all" and b in PEERS)}
+        active = {b: c for b, c in comms.items() if not (op == "all_to_all" and split_variant(b)[0] in PEERS)}
         for nbytes in sizes:
             fns = {b: _op_fn(c, op, nbytes, dtype) for b, c in active.items()}
             iters = {}
             for b, fn in fns.items():  # warm-up, then size the batch from a short probe
+                place(b)
                 fn()
                 fn()
                 est = _batch(fn, 3) / 3
@@ -256,13 +314,31 @@ def sweep_rank(cfg: SweepConfig) -> dict:
             per_call: dict[str, list[float]] = {b: [] for b in fns}
             for _ in range(cfg.batches):
                 for b, fn in fns.items():
+                    place(b)
                     per_call[b].append(_batch(fn, iters[b]) / iters[b])
             for b, ts in per_call.items():
-                t = statistics.median(ts)
+                p10, t, p90 = spread(ts)
                 algbw = nbytes / t / 1e9
                 rows.append(Row(b, op, nbytes, nbytes // es, cfg.dtype, w, t * 1e6, algbw, algbw * bus_factor(op, w),
-                                iters[b], [x * 1e6 for x in ts]))
+                                iters[b], [x * 1e6 for x in ts], p10 * 1e6, p90 * 1e6))
             done += 1
             if rank == 0 and cfg.progress_file:
                 Path(cfg.progress_file).write_text(f"{done} {total}")
-    return {"rows": [r.to_dict() for r in rows], "skipped": skipped, "copy_GBps": copy_bw, "load": cfg.load}
+    place("")
+    return {"rows": attach_versus([r.to_dict() for r in rows]), "skipped": skipped, "copy_GBps": copy_bw,
+            "load": cfg.load}
+
+
+def _placer(rank: int) -> Callable[[str], None]:
+    """A function that binds this rank to its own core for a +pin variant and frees it to every
+    usable core otherwise (a no-op where the platform has no affinity calls)."""
+    try:
+        every = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return lambda name: None
+    own = {every[rank % len(every)]}
+
+    def place(name: str) -> None:
+        os.sched_setaffinity(0, own if split_variant(name)[1] else every)
+
+    return place
