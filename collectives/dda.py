@@ -47,16 +47,25 @@ DEFAULT_SPIN_US = 1000.0
 # machine (bench/RESULTS.md); override with twoshot_min_bytes= or COMMPROBE_DDA_TWOSHOT_MIN.
 DEFAULT_TWOSHOT_MIN = 32 << 10
 # How a rank waits for its peers (dda_cpu.c, "Waiting"); the order is the C enum's. Override with
-# wait= or COMMPROBE_DDA_WAIT. The default is chosen by measurement, quiet, beside busy processes
-# and with ranks > cores (bench/RESULTS.md, "DDA under load").
+# wait= or COMMPROBE_DDA_WAIT. The default (`default_wait`) was chosen by measurement, quiet, beside
+# a busy process and with ranks > cores, quiet and loaded (bench/wait_modes.py; bench/RESULTS.md,
+# "DDA under load"): `adaptive` while the host's ranks fit its cores (as fast as any mode quiet,
+# 4.5x faster than spin-then-sleep beside a busy process), `futex` once they outnumber them (a spin
+# holds the core the awaited rank needs: `spin` was 60x slower, `adaptive` 1.7x; `yield`, fastest
+# with the cores to itself, gives the core to a busy process for a whole slice: 2.8x slower).
 WAIT_MODES = ("spin-futex", "futex", "yield", "spin", "adaptive")
-DEFAULT_WAIT = "spin-futex"
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 _INTERRUPTED = -1000  # DDA_INTERRUPTED in dda_cpu.c
 
 
 class DDAError(RuntimeError):
     pass
+
+
+def default_wait() -> str:
+    """The wait mode when none is asked for: adaptive while this host's ranks fit its cores,
+    futex (sleep at once) when they outnumber them (the measurements above)."""
+    return "adaptive" if ranks_on_host() <= usable_cores() else "futex"
 
 
 def ranks_on_host() -> int:
@@ -116,7 +125,7 @@ class DDAComm:
                  slot_bytes: int = DEFAULT_SLOT_BYTES, twoshot_min_bytes: int | None = None,
                  spin_us: float | None = None, wait: str | None = None, timeout: float = 300.0,
                  pure: bool | None = None):
-        wait = wait or os.environ.get("COMMPROBE_DDA_WAIT") or DEFAULT_WAIT
+        wait = wait or os.environ.get("COMMPROBE_DDA_WAIT") or default_wait()
         if wait not in WAIT_MODES:
             raise ValueError(f"unknown DDA wait mode {wait!r}; choose one of {', '.join(WAIT_MODES)}")
         self.wait = wait

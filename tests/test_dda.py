@@ -95,6 +95,18 @@ def test_every_call_is_a_labelled_profiler_span():
     ]
 
 
+def test_default_wait_is_adaptive_while_ranks_fit_the_cores_and_futex_beyond(monkeypatch):
+    """The default chosen by bench/wait_modes.py's table: adaptive with a core per rank (quiet or
+    beside a busy process), futex once the host's ranks outnumber its cores."""
+    from commprobe.collectives import dda
+
+    monkeypatch.setattr(dda, "usable_cores", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert dda.default_wait() == "adaptive"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert dda.default_wait() == "futex"
+
+
 def test_spin_only_while_the_hosts_ranks_fit_the_cores(monkeypatch):
     """Spin-then-sleep is decided by all of the job's ranks on the host, not the group's size:
     a TP pair of a 4-rank job on 2 cores must sleep at once (spinning, it held the core the
