@@ -20,8 +20,10 @@ import numpy as np
 from commprobe.common.bundle import (
     FLIGHT_RECORDER,
     MANIFEST,
+    BundleError,
     job_of,
     read_manifest,
+    read_timings,
     single_manifest,
     sub_bundles,
     telemetry_path,
@@ -36,6 +38,7 @@ from .cross_rank import cause, headroom
 from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
 from .cross_rank.reduce import Reduced, reduce_ranks
+from .cross_rank.traffic import attach as attach_traffic
 from .per_rank.classify import load_rules
 from .readers import remote
 from .readers.coordinates import table as name_table
@@ -57,6 +60,14 @@ def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None
 
 
 ALIGNMENTS = ("base", "collective-end")  # clocks: baseTimeNanoseconds, or the ends of matched collectives
+
+
+def _timings(path: Path) -> dict | None:
+    """A bundle's timings.json (our router's counts ride in it), or None."""
+    try:
+        return read_timings(Path(path))
+    except (BundleError, OSError, ValueError):
+        return None
 
 
 def analyze(path: str | Path, **kw) -> dict:
@@ -84,7 +95,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
         raise TraceError(f"jobs must be >= 1, got {jobs}")
     manifest = None if url else single_manifest(path)
     rules = load_rules(rules_file) if rules_file else []
-    ranks, calls, unknown, files, nbytes, origins = [], {}, {}, [], 0, {}
+    ranks, calls, unknown, files, nbytes, origins, traffic = [], {}, {}, [], 0, {}, {}
     links: dict[str, int] = {}
     graphs: dict[int, dict] = {}
     formats: dict[str, int] = {}
@@ -129,6 +140,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
             axis_reasons[f"rank {s.rank}"] = "; ".join(s.axis_notes)
         for name, n in s.unknown_names.items():
             unknown[name] = unknown.get(name, 0) + n
+        traffic[s.rank] = s.traffic
     ranks.sort(key=lambda r: r["rank"])
     skipped = [{"file": f, "why": "an engine's front-end process (vLLM API server): no rank, no device work"}
                for f in front_end_files(path)]
@@ -142,6 +154,8 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
     red = reduce_ranks(ranks, calls, origins, graphs, align=align, threshold=threshold, sweep=sweep,
                        manifest=manifest, cal_source=cal_source)
     origin = red.origin
+    ep = int(((manifest or {}).get("world") or {}).get("ep") or 0) if isinstance(manifest, dict) else 0
+    attach_traffic(red.phases, traffic, _timings(path) if ep > 1 and not url else None, ep)
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None, "rank_rule": chosen.rule,

@@ -88,8 +88,9 @@ class TorchComm:
         self.world_size = dist.get_world_size(group)
         self.backend = str(dist.get_backend(group))
 
-    def _span(self, op: str, x: Tensor):
-        return comm_span(self.axis, op, x, self.world_size, self.backend)
+    def _span(self, op: str, x: Tensor, splits: tuple[list[int], list[int]] | None = None):
+        return comm_span(self.axis, op, x, self.world_size, self.backend,
+                         (self.rank, *splits) if splits is not None else None)
 
     def all_reduce(self, x: Tensor) -> Tensor:
         if self.world_size == 1:
@@ -109,7 +110,7 @@ class TorchComm:
     def all_to_all(self, x: Tensor, in_splits: list[int], out_splits: list[int]) -> Tensor:
         if self.world_size == 1:
             return x
-        with self._span("all_to_all", x):
+        with self._span("all_to_all", x, (in_splits, out_splits)):
             out = x.new_empty((sum(out_splits), *x.shape[1:]))
             dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
         return out

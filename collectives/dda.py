@@ -233,8 +233,8 @@ class DDAComm:
             peer = -rc - 1
             raise DDAError(f"DDA {op} on axis {self.axis}: timed out waiting for group rank {peer}")
 
-    def _span(self, op: str, x: Tensor):
-        return comm_span(self.axis, op, x, self.world_size, "dda")
+    def _span(self, op: str, x: Tensor, splits: tuple[list[int], list[int]] | None = None):
+        return comm_span(self.axis, op, x, self.world_size, "dda", (self.rank, *splits) if splits is not None else None)
 
     def _dtype_code(self, x: Tensor) -> int:
         try:
@@ -286,7 +286,7 @@ class DDAComm:
         out_len = [s * row for s in out_splits]
         in_off = [sum(in_len[:i]) for i in range(len(in_len))]
         out_off = [sum(out_len[:i]) for i in range(len(out_len))]
-        with self._span("all_to_all", y):
+        with self._span("all_to_all", y, (in_splits, out_splits)):
             if self._lib is not None:
                 rc = self._lib.dda_all_to_all(self._ctx, y.data_ptr(), _u64_array(in_off), _u64_array(in_len),
                                               out.data_ptr(), _u64_array(out_off), _u64_array(out_len))

@@ -8,6 +8,7 @@ profiler is active (a flag read, about 0.07 µs).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 
@@ -49,10 +50,18 @@ class _Delayed:
         return self.inner.__exit__(*exc)
 
 
-def span_name(axis: str, op: str, nbytes: int, dtype: torch.dtype, group: int, backend: str) -> str:
-    """`commprobe/comm/{axis}/{op}/bytes=N/dtype=T/group=G/backend=B`, parsed by the analyzers."""
+def span_name(axis: str, op: str, nbytes: int, dtype: torch.dtype, group: int, backend: str,
+              splits: tuple[int, list[int], list[int]] | None = None) -> str:
+    """`commprobe/comm/{axis}/{op}/bytes=N/dtype=T/group=G/backend=B`, parsed by the analyzers. An
+    all-to-all adds who sends how much to whom: `/grank=R/send=B0.B1…/recv=B0.B1…`, this rank's
+    place in its group and the bytes it sends to and receives from each group rank (the traffic
+    matrix's row and column; analyzers/per_rank/traffic.py)."""
     t = str(dtype).removeprefix("torch.")
-    return f"{SPAN_PREFIX}/{axis}/{op}/bytes={nbytes}/dtype={t}/group={group}/backend={backend}"
+    name = f"{SPAN_PREFIX}/{axis}/{op}/bytes={nbytes}/dtype={t}/group={group}/backend={backend}"
+    if splits is not None:
+        grank, send, recv = splits
+        name += f"/grank={grank}/send={'.'.join(map(str, send))}/recv={'.'.join(map(str, recv))}"
+    return name
 
 
 def profiling() -> bool:
@@ -69,9 +78,16 @@ def span(name: str):
     return torch.profiler.record_function(name) if profiling() else _NULL
 
 
-def comm_span(axis: str, op: str, x: torch.Tensor, group: int, backend: str):
+def comm_span(axis: str, op: str, x: torch.Tensor, group: int, backend: str,
+              splits: tuple[int, list[int], list[int]] | None = None):
+    """The collective's span; `splits` (group rank, rows sent to / received from each group rank)
+    for an all-to-all, turned into bytes here (only while a profiler records)."""
     delay = LINK_DELAY_S.get(axis) if LINK_DELAY_S else None
     if not profiling():
         return _Delayed(_NULL, delay) if delay else _NULL
-    ctx = torch.profiler.record_function(span_name(axis, op, x.numel() * x.element_size(), x.dtype, group, backend))
+    if splits is not None:
+        row = math.prod(x.shape[1:]) * x.element_size()  # a rank with no rows still receives
+        splits = (splits[0], [int(n) * row for n in splits[1]], [int(n) * row for n in splits[2]])
+    ctx = torch.profiler.record_function(span_name(axis, op, x.numel() * x.element_size(), x.dtype, group, backend,
+                                                   splits))
     return _Delayed(ctx, delay) if delay else ctx

@@ -18,6 +18,8 @@ names them), COMMPROBE_FAULT=KIND[:TARGET]@DOSE:
                       arrival skew with no one culprit
     host-stall:R@US   rank R sleeps US µs before each layer: a host stall outside any op
     hot-expert:E@P    the router sends P % of tokens to expert E: EP imbalance on E's rank
+    balanced-router@P P % of tokens routed evenly over the experts (choice j of token i to expert
+                      (i + j E/k) mod E): @100 is a balanced router, the no-imbalance baseline
 
 The truth (kind, target, dose) is written into the bundle's manifest (`fault`), so it travels
 with the traces. The tests use it; so can a user checking how their CI reports a dead rank. The analysis's map
@@ -37,7 +39,8 @@ from commprobe.collectives.spans import pause
 
 KINDS = ("raise", "hang", "die", "trace", "mismatch", "size")
 COMM_KINDS = ("mismatch", "size")  # acted out by FaultyComm, in the collective itself
-PERF_KINDS = {"slow-rank": "%", "slow-link": "µs", "jitter": "µs", "host-stall": "µs", "hot-expert": "%"}
+PERF_KINDS = {"slow-rank": "%", "slow-link": "µs", "jitter": "µs", "host-stall": "µs", "hot-expert": "%",
+              "balanced-router": "%"}
 AXES = ("tp", "cp", "ep")
 
 
@@ -81,6 +84,8 @@ def perf_fault(spec: str | None = None) -> PerfFault | None:
     if kind in ("slow-rank", "host-stall", "hot-expert") and not target.isdigit():
         raise ValueError(f"COMMPROBE_FAULT={spec}: {kind} needs a {'expert' if kind == 'hot-expert' else 'rank'} "
                          f"({kind}:1@{dose})")
+    if kind == "balanced-router" and target:
+        raise ValueError(f"COMMPROBE_FAULT={spec}: balanced-router takes no target (balanced-router@100)")
     if kind == "jitter" and target and not target.isdigit():
         raise ValueError(f"COMMPROBE_FAULT={spec}: jitter takes a rank or none (jitter@US, jitter:1@US)")
     return PerfFault(kind, target or None, value, PERF_KINDS[kind])
@@ -220,6 +225,13 @@ def perturb(runner, comms: dict, rank: int, seed: int = 0):
             if isinstance(m, MoE):
                 m.route = _hot_route(m, int(f.target) % m.n_experts, f.dose / 100)
         return comms
+    if f.kind == "balanced-router":
+        from commprobe.reference_impl.moe import MoE
+
+        for m in model.modules():
+            if isinstance(m, MoE):
+                m.route = _balanced_route(m, f.dose / 100)
+        return comms
     if not f.on(rank):
         return comms
     timed = [c for per in comms.values() for c in per.values()]
@@ -247,6 +259,29 @@ def perturb(runner, comms: dict, rank: int, seed: int = 0):
         block.register_forward_pre_hook(start)
         block.register_forward_hook(stretch)
     return comms
+
+
+def _balanced_route(moe, share: float):
+    """moe.route with the first `share` of each batch's tokens routed evenly: choice j of token i
+    to expert (i + j * E / k) mod E (k = top_k), so a token's choices fall E/k experts apart (on
+    different EP ranks wherever the ranks hold E/k experts or fewer each) and consecutive tokens
+    rotate over all of them."""
+    import torch
+
+    plain = moe.route
+    seen = [0]  # tokens routed so far: a decode step's one token takes the next expert, not expert 0 again
+
+    def route(t):
+        idx, w = plain(t)
+        n = math.ceil(share * idx.shape[0] - 1e-9)
+        if n:
+            k, e = idx.shape[1], moe.n_experts
+            i = torch.arange(seen[0], seen[0] + n, device=idx.device).unsqueeze(1)
+            j = torch.arange(k, device=idx.device).unsqueeze(0)
+            idx[:n] = (i + j * max(1, e // k)) % e
+            seen[0] += n
+        return idx, w
+    return route
 
 
 def _hot_route(moe, expert: int, share: float):

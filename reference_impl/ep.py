@@ -47,7 +47,7 @@ class EPDispatch:
         per_rank = -(-total // n)
         lo, hi = min(r * per_rank, total), min((r + 1) * per_rank, total)
         mine = t[lo:hi]
-        idx, w = moe.route(mine)
+        idx, w = moe.choose(mine)
         k = idx.shape[1]
         token = torch.arange(mine.shape[0], device=t.device).repeat_interleave(k)
         expert = idx.reshape(-1)

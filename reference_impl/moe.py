@@ -23,7 +23,7 @@ from .mlp import FeedForward, Reduce, identity
 
 def local_dispatch(moe: MoE, t: Tensor) -> Tensor:
     """All experts on this process: route, run, weight, add the shared expert, reduce (TP)."""
-    idx, w = moe.route(t)
+    idx, w = moe.choose(t)
     k = idx.shape[1]
     token = torch.arange(t.shape[0], device=t.device).repeat_interleave(k)
     return moe.combine(t, token, moe.expert_ffn(t[token], idx.reshape(-1) - moe.first_expert), w)
@@ -49,9 +49,15 @@ class MoE(nn.Module):
     def route(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """Top-k expert ids [T, k] and their gates [T, k] for tokens t [T, dim]."""
         scores, idx = self.router(t).topk(self.top_k, dim=-1)
+        return idx, torch.sigmoid(scores)
+
+    def choose(self, t: Tensor) -> tuple[Tensor, Tensor]:
+        """`route`, counted where a profiler asks: the dispatchers call this, so a route replaced
+        after construction (a fault's hot expert) is what the counts hold."""
+        idx, w = self.route(t)
         if self.routed_counts is not None:
             self.routed_counts += torch.bincount(idx.reshape(-1), minlength=self.n_experts)
-        return idx, torch.sigmoid(scores)
+        return idx, w
 
     def combine(self, t: Tensor, token: Tensor, y: Tensor, w: Tensor) -> Tensor:
         """Gate-weighted expert outputs y (one row per (token, choice)) summed per token of t, plus

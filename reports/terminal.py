@@ -8,6 +8,7 @@ from rich.table import Table
 
 from commprobe.common.vocab import WORK_CATEGORIES, Verdict
 
+from .traffic_view import render_all_to_all
 from .words import latency_words
 
 CATS = WORK_CATEGORIES
@@ -174,6 +175,7 @@ def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
             console.print(f"  - {escape(rec)}", highlight=False)
         for note in p.get("notes", []):
             console.print(f"  note: {escape(note)}", highlight=False)
+    render_all_to_all(result, console)
     console.print(breakdown_table(result, wide))
     split = cause_table(result)
     if split is not None:

@@ -314,3 +314,21 @@ def pinned_dda_allreduce_vs_gloo(*args):
 
     _placer(dist.get_rank())("dda+pin")
     return dda_allreduce_vs_gloo(*args)
+
+
+def a2a_uneven_trace(out: str, record_shapes: bool) -> list[list[int]]:
+    """A plain torch job (no commprobe Comm): two `all_to_all_single` calls of uneven splits on the
+    default group, traced by torch.profiler into OUT/rankR.json. Rank s sends (s + 1) * (d + 2)
+    rows of 4 fp32 to rank d. Returns this rank's send splits in rows."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    send = [(rank + 1) * (d + 2) for d in range(world)]
+    recv = [(s + 1) * (rank + 2) for s in range(world)]
+    x, y = torch.ones(sum(send), 4), torch.empty(sum(recv), 4)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes) as p:
+        for _ in range(2):
+            dist.all_to_all_single(y, x, recv, send)
+    p.export_chrome_trace(f"{out}/rank{rank}.json")
+    return send

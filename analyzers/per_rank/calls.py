@@ -38,6 +38,7 @@ class Calls:
     kinds: list[tuple[str, str, str]]
     kind: np.ndarray  # int64 into kinds
     group_size: np.ndarray
+    event: np.ndarray | None = None  # int64: each call's event in the rank's trace (per-rank steps only)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -95,7 +96,7 @@ def primary_calls(trace: Trace, cls: Classified) -> Calls:
     if cls.call_end is not None:  # a c10d op's call runs on to the end of its wait or its work (blocking.py)
         end = np.fmax(end, cls.call_end[pick])
     return Calls(pairs, pair, k, trace.ts[pick].astype(np.float64), end,
-                 cls.comm_bytes[pick].astype(np.float64), kinds, kind, cls.group_size[pick].astype(np.int64))
+                 cls.comm_bytes[pick].astype(np.float64), kinds, kind, cls.group_size[pick].astype(np.int64), pick)
 
 
 def _outermost(trace: Trace, idx: np.ndarray) -> np.ndarray:

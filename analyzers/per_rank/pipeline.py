@@ -8,7 +8,7 @@ event columns are never held beside another's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..readers.coordinates import name_coordinates
@@ -20,6 +20,7 @@ from .classify import Rule, classify
 from .counts import device_counts
 from .graphs import graph_facts
 from .links import link_kernels_to_host_ops
+from .traffic import rank_traffic
 
 
 @dataclass
@@ -36,6 +37,7 @@ class RankSummary:
     unknown_names: dict[str, int]
     reader: dict  # the format read and what its reader has to say (notes), from Trace.extra
     axis_notes: list[str]  # why an axis is not the op's default (classify)
+    traffic: dict = field(default_factory=dict)  # all-to-all bytes to/from each group rank per phase (traffic.py)
 
 
 def _traces(file, rank_from: str | None):
@@ -60,8 +62,10 @@ def summarize(file: str | Path | tuple, rules: list[Rule] = (), rank_from: str |
         if "coordinates" in trace.extra:
             breakdown["coordinates"] = trace.extra["coordinates"]
         calls = primary_calls(trace, cls)
+        traffic = rank_traffic(trace, calls, breakdown["windows"], trace.a2a_args)
+        calls.event = None  # the cross-rank step never looks into a rank's trace
         out.append(RankSummary(trace.rank, trace.path, trace.distributed, trace.origin_ns, trace.uncompressed_bytes,
                                breakdown, calls, graph_facts(trace), dict(cls.links), dict(cls.unknown_names),
-                               {"format": "kineto json", **trace.extra}, list(cls.axis_notes)))
+                               {"format": "kineto json", **trace.extra}, list(cls.axis_notes), traffic))
         del trace, cls
     return out

@@ -26,6 +26,7 @@ from commprobe.common.vocab import LAUNCH_HINT, NAME_HINTS
 
 from . import limits, native, remote
 from .kineto_args import (
+    A2A_KEYS,
     ARG_KEYS,
     BASE_KEYS,
     CORR_KEY,
@@ -36,6 +37,7 @@ from .kineto_args import (
     arg_rows,
     args_kind,
     corr_values,
+    field_dicts,
     select,
 )
 from .limits import BYTES_PER_EVENT, inflated, max_events, open_checked, read_bytes
@@ -120,6 +122,8 @@ class _Columns:
     corr: Callable[[np.ndarray], np.ndarray]  # only the correlation ids of those events (kernel launches)
     kinds: np.ndarray | None = None  # int8 per name: args_kind, where the reader already knows it
     host_raw: bytes | None = None  # Kineto's top-level host_name (torch 2.x), raw JSON
+    # Any of A2A_KEYS of those events: (value ids (n, len(keys)), raw values), -1 absent.
+    fields: Callable[[np.ndarray, tuple[str, ...]], tuple[np.ndarray, list[bytes]]] | None = None
 
 
 def _columns_native(path: Path) -> _Columns | None:
@@ -185,6 +189,14 @@ def _columns_native(path: Path) -> _Columns | None:
     def corr(idx: np.ndarray) -> np.ndarray:  # correlation ids: read by the scanner
         return fix_corr(*kept(idx))
 
+    def fields(idx: np.ndarray, keys: tuple[str, ...]) -> tuple[np.ndarray, list[bytes]]:
+        off, length, _ = kept(idx)
+        ids, raws = native.args_fields(raw_args, off, length, keys)
+        esc = np.flatnonzero((ids == -2).any(1)) if len(ids) else np.zeros(0, np.int64)
+        if len(esc):
+            escaped(ids, off, length, esc, keys, raws)
+        return ids, raws
+
     # The scanner matched the hints on each raw name (name_flags): that is args_kind for a name
     # written without escapes; only escaped spellings are decided again on the decoded name.
     kinds = np.zeros(len(names), np.int8)
@@ -192,7 +204,7 @@ def _columns_native(path: Path) -> _Columns | None:
     for i in (i for i, r in enumerate(s.name_raw) if b"\\" in r):
         kinds[name_map[i]] = args_kind(names[name_map[i]])
     return _Columns(s.ts, s.dur, s.name_id, s.cat_id, s.tid_id, names, cats, s.base_ns, s.dist_raw, s.meta_raw, args,
-                    s.nbytes, corr, kinds, s.host_raw)
+                    s.nbytes, corr, kinds, s.host_raw, fields)
 
 
 def _columns_msgspec(path: Path, data: bytes) -> _Columns:
@@ -215,11 +227,14 @@ def _columns_msgspec(path: Path, data: bytes) -> _Columns:
         ids, raws = select(path, [bytes(ev[j].args) for j in keep[idx].tolist()], (CORR_KEY,))
         return corr_values(ids[:, 0], raws)
 
+    def fields(idx: np.ndarray, keys: tuple[str, ...]) -> tuple[np.ndarray, list[bytes]]:
+        return select(path, [bytes(ev[j].args) for j in keep[idx].tolist()], keys)
+
     return _Columns(np.fromiter(map(_get_ts, ev), np.float64, m)[keep], np.fromiter(map(_get_dur, ev), np.float64, m)[keep],
                     name_id[keep], cat_id[keep], tid_id[keep], names, cats, top.baseTimeNanoseconds,
                     None if top.distributedInfo == b"null" else bytes(top.distributedInfo),
                     None if top.commprobe == b"null" else bytes(top.commprobe), args, len(data), corr,
-                    host_raw=None if top.host_name == b"null" else bytes(top.host_name))
+                    host_raw=None if top.host_name == b"null" else bytes(top.host_name), fields=fields)
 
 
 def _decode_meta(raw: bytes | None):
@@ -274,10 +289,14 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
         if len(cols.names) else np.zeros(0, np.int64)
     if len(launch_idx):
         arg_corr[launch_idx] = cols.corr(order[launch_idx])
+    # torch's all-to-all ops: their split sizes where shapes were recorded (per_rank/traffic.py)
+    a2a_name = np.fromiter((n.startswith("c10d::alltoall") for n in cols.names), bool, len(cols.names))
+    a2a_idx = sorted_idx[a2a_name[name_id[sorted_idx]]] if len(sorted_idx) else sorted_idx
+    a2a = field_dicts(path, a2a_idx, *cols.fields(order[a2a_idx], A2A_KEYS), A2A_KEYS) if len(a2a_idx) else {}
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq, arg_corr,
                  cols.base_ns, dist, meta, cols.nbytes,
                  extra={"identity": evidence(name, own, "distributedInfo" if own is not None else None,
-                                             host=_host_name(cols.host_raw))})
+                                             host=_host_name(cols.host_raw))}, a2a_args=a2a)
 
 
 def _host_name(raw: bytes | None) -> str | None:

@@ -38,7 +38,10 @@ ARG_KEYS = BASE_KEYS + INPUT_KEYS
 # Per event, kept as numbers apart (they differ on every call, so they are no part of a shared subset):
 SEQ_KEY = "Seq"  # the collective's sequence number in its process group
 CORR_KEY = "correlation"  # links a kernel to the runtime call that launched it (Kineto)
-_ALL_KEYS = (*ARG_KEYS, SEQ_KEY, CORR_KEY)
+# Read only for torch's all-to-all ops (c10d::alltoall*): with record_shapes, "Concrete Inputs" holds
+# the split sizes (per_rank/traffic.py), and the inputs' dims and type give the row's bytes.
+A2A_KEYS = ("Concrete Inputs", *INPUT_KEYS)
+_ALL_KEYS = (*ARG_KEYS, SEQ_KEY, CORR_KEY, "Concrete Inputs")
 
 
 class _Args(msgspec.Struct, gc=False, rename={f"k{i}": k for i, k in enumerate(_ALL_KEYS)}):
@@ -55,6 +58,7 @@ class _Args(msgspec.Struct, gc=False, rename={f"k{i}": k for i, k in enumerate(_
     k8: msgspec.Raw = msgspec.Raw(b"")
     k9: msgspec.Raw = msgspec.Raw(b"")
     k10: msgspec.Raw = msgspec.Raw(b"")
+    k11: msgspec.Raw = msgspec.Raw(b"")
 
 
 _ARGS = msgspec.json.Decoder(_Args)
@@ -126,3 +130,10 @@ def args_kind(name: str) -> int:
     """1: a communication candidate (args read); 2: a kernel or graph launch (correlation only); 0."""
     low = name.encode("utf-8", "surrogatepass").lower()  # ASCII case only, as the scanner matches hints
     return 1 if HINT_RE.search(low) else 2 if LAUNCH_HINT.encode() in low else 0
+
+
+def field_dicts(path: Path, idx: np.ndarray, ids: np.ndarray, raws: list[bytes], keys: tuple[str, ...]) -> dict[int, dict]:
+    """{event: {key: decoded value}} for the events `idx` whose value ids (n, len(keys)) are `ids`."""
+    values = _decode_values(path, raws)
+    return {int(e): {k: values[v] for k, v in zip(keys, row.tolist()) if v >= 0}
+            for e, row in zip(idx.tolist(), ids) if (row >= 0).any()}

@@ -77,6 +77,7 @@ class Trace:
     commprobe: dict | None
     uncompressed_bytes: int
     extra: dict = field(default_factory=dict)
+    a2a_args: dict = field(default_factory=dict)  # event -> args of torch's all-to-all ops (split sizes), Kineto
     _device: np.ndarray | None = field(default=None, repr=False)
     _work: np.ndarray | None = field(default=None, repr=False)
 

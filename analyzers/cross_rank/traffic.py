@@ -1,0 +1,175 @@
+"""EP all-to-all traffic per phase: who sends how much to whom, and whether one rank receives more.
+
+Each rank's trace gives its row and column of every sized all-to-all call (per_rank/traffic.py);
+here the calls are lined up across ranks by their match key and each call's matrix (sender x
+receiver, bytes) is built from the senders' rows, checked against the receivers' columns.
+
+Routing shows in the dispatch: the bytes an EP rank receives are the tokens routed to its experts.
+The combine sends them back (its matrix is the dispatch's transpose), so what a rank *receives* in
+the combine is how many tokens it holds, not how many its experts got. A call followed by its own
+transpose is taken as a dispatch (the rule is named in the result); the phase's imbalance is the
+busiest receiver over the mean of the dispatches' summed matrix, or of every call's where no such
+pair is seen. The finding is named only from sizes the trace recorded (`IMBALANCE_RULE`); a phase
+whose all-to-all calls carry no sizes says so, and the verdict stands on timing alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+# A routing imbalance is named when the busiest receiver of the dispatches gets this much over the mean.
+IMBALANCE_RULE = {"imbalance_at_least": 1.25}
+HOT_EXPERT = 1.5  # an expert routed this many times the mean count is named hot
+
+
+def _placed(members: list[tuple[int, dict]], size: int) -> dict[int, int] | None:
+    """Global rank -> group rank: as the source said, else by rank order where the ranks reporting
+    are exactly one group (a torch job's world group); None where they cannot be placed."""
+    if all(g["grank"] is not None for _, g in members):
+        return {r: g["grank"] for r, g in members}
+    if len(members) == size:
+        return {r: i for i, (r, _) in enumerate(sorted(members, key=lambda m: m[0]))}
+    return None
+
+
+def phase_traffic(per_rank: dict[int, dict], phase: str, routed: dict | None = None) -> dict | None:
+    """The phase's all-to-all traffic (the busiest group, by bytes), or None without all-to-all calls."""
+    groups: dict[str, list[tuple[int, dict]]] = {}
+    for rank, t in sorted(per_rank.items()):
+        for group, g in (t.get(phase) or {}).items():
+            groups.setdefault(group, []).append((rank, g))
+    if not groups:
+        return None
+    out = [_group(name, members) for name, members in groups.items()]
+    best = max(out, key=lambda o: (sum(o.get("received") or [0]), o["calls"]))
+    if routed:
+        best["routed"] = routed
+    return best
+
+
+def _group(name: str, members: list[tuple[int, dict]]) -> dict:
+    calls = max(g["calls"] for _, g in members)
+    unsized = max(g["unsized"] for _, g in members)
+    base = {"group": name, "calls": calls, "unsized_calls": unsized, "rule": IMBALANCE_RULE}
+    sized = [(r, g) for r, g in members if g["send"]]
+    if not sized:
+        return {**base, "sizes": "not recorded", "finding": None,
+                "note": f"{calls} all-to-all call(s) per rank carry no split sizes: who sends how much to whom "
+                        "cannot be told (torch 2.x writes them with record_shapes=True, as the c10d op's "
+                        "'Concrete Inputs'; commprobe's own spans always carry them)"}
+    size = len(sized[0][1]["send"][0])
+    place = _placed(sized, size)
+    if place is None or any(not 0 <= v < size for v in place.values()):
+        return {**base, "sizes": "recorded", "finding": None,
+                "note": "split sizes recorded, but which group rank each trace is cannot be told"}
+    by_k: dict[int, dict[int, tuple[list[int], list[int]]]] = {}
+    for r, g in sized:
+        for k, send, recv in zip(g["k"], g["send"], g["recv"]):
+            by_k.setdefault(k, {})[place[r]] = (send, recv)
+    ranks: list[int | None] = [None] * size
+    for r, gr in place.items():
+        ranks[gr] = r if ranks[gr] is None else ranks[gr]
+    mats, consistent = [], True
+    for k in sorted(by_k):
+        rows = by_k[k]
+        if len(rows) < size:
+            continue  # a call some rank's trace does not hold: no matrix of its own
+        m = [list(rows[s][0]) for s in range(size)]
+        consistent &= all(rows[d][1][s] == m[s][d] for s in range(size) for d in range(size))
+        mats.append(m)
+    dispatch = _dispatches(mats)
+    picked = dispatch or list(range(len(mats)))
+    total = _sum(mats, range(len(mats)), size)
+    routed_m = _sum(mats, picked, size)
+    received = [sum(routed_m[s][d] for s in range(size)) for d in range(size)]
+    res = {**base, "sizes": "recorded", "size": size, "ranks": ranks,
+           "groups_summed": len(place) // size if len(set(place.values())) < len(place) else 1,
+           "sized_calls": len(mats), "matrix": total, "consistent": consistent,
+           "dispatch_rule": ("calls followed by their own transpose (dispatch, then combine)" if dispatch
+                             else "no call followed by its transpose: every call counted"),
+           "dispatch_calls": len(dispatch), "dispatch_matrix": routed_m if dispatch else None,
+           "received": received}
+    if not sum(received):
+        return {**res, "imbalance": None, "finding": None, "note": "no call moved any bytes"}
+    mean = sum(received) / size
+    hot = max(range(size), key=received.__getitem__)
+    imbalance = received[hot] / mean
+    per_call = [_recv_imbalance(mats[i], size) for i in picked if sum(map(sum, mats[i]))]
+    res.update(imbalance=imbalance, cv=statistics.pstdev(received) / mean, hot_group_rank=hot, hot_rank=ranks[hot],
+               per_call={"min": min(per_call), "median": statistics.median(per_call), "max": max(per_call)})
+    who = f"rank {ranks[hot]}" if ranks[hot] is not None else f"group rank {hot}"
+    res["finding"] = (f"{who} receives {imbalance:.2f}x the mean of the EP dispatch bytes: EP all-to-all is "
+                      "imbalance-bound by routing; rebalance or replicate its experts"
+                      if imbalance >= IMBALANCE_RULE["imbalance_at_least"] else None)
+    if not consistent:
+        res["note"] = "senders' and receivers' sizes disagree (a trace cut short?): the matrix is the senders'"
+    return res
+
+
+def _dispatches(mats: list[list[list[int]]]) -> list[int]:
+    """Indices of calls followed by their own transpose (a dispatch and its combine), in order."""
+    out, i = [], 0
+    while i + 1 < len(mats):
+        a, b = mats[i], mats[i + 1]
+        if sum(map(sum, a)) and all(b[d][s] == a[s][d] for s in range(len(a)) for d in range(len(a))):
+            out.append(i)
+            i += 2
+        else:
+            i += 1
+    return out
+
+
+def _sum(mats: list[list[list[int]]], idx, size: int) -> list[list[int]]:
+    out = [[0] * size for _ in range(size)]
+    for i in idx:
+        for s in range(size):
+            for d in range(size):
+                out[s][d] += mats[i][s][d]
+    return out
+
+
+def _recv_imbalance(m: list[list[int]], size: int) -> float:
+    col = [sum(m[s][d] for s in range(size)) for d in range(size)]
+    return max(col) / (sum(col) / size)
+
+
+def routed_summary(counts: list[list[int]] | None, ep: int) -> dict | None:
+    """Our router's own counts (a bundle's timings: tokens routed to each expert, summed over the
+    ranks and layers of a phase): per expert, the hot ones, and what they make each EP rank receive."""
+    if not counts or ep < 1:
+        return None
+    per_expert = [sum(c) for c in zip(*counts)]
+    n = len(per_expert)
+    if not n or n % ep or not sum(per_expert):
+        return None
+    mean = sum(per_expert) / n
+    per = n // ep
+    per_rank = [sum(per_expert[r * per:(r + 1) * per]) for r in range(ep)]
+    return {"per_expert": per_expert, "per_rank": per_rank,
+            "imbalance": max(per_rank) / (sum(per_rank) / ep),
+            "hot_experts": [e for e in sorted(range(n), key=lambda e: -per_expert[e]) if per_expert[e] >= HOT_EXPERT * mean][:4]}
+
+
+def routed_of(timings: dict | None, ep: int) -> dict[str, dict]:
+    """Per phase, routed_summary of a bundle's timings.json (every rank's routed_tokens); {} without."""
+    out: dict[str, dict] = {}
+    rows = (timings or {}).get("ranks") if isinstance(timings, dict) else None
+    for phase in ("prefill", "decode"):
+        counts = [layer for r in rows or [] if isinstance(r, dict)
+                  for layer in ((r.get("routed_tokens") or {}).get(phase) or [])
+                  if isinstance(layer, list) and all(isinstance(c, int) and c >= 0 for c in layer)]
+        if len({len(c) for c in counts}) == 1:
+            s = routed_summary(counts, ep)
+            if s:
+                out[phase] = s
+    return out
+
+
+def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None, ep: int = 0) -> None:
+    """Each phase with all-to-all calls gains `all_to_all` (phase_traffic), with our router's counts
+    where the bundle has them."""
+    routed = routed_of(timings, ep) if ep > 1 else {}
+    for phase, doc in phases.items():
+        t = phase_traffic(per_rank, phase, routed.get(phase))
+        if t is not None:
+            doc["all_to_all"] = t

@@ -1,0 +1,108 @@
+"""Who sends how much to whom in a rank's all-to-all calls, summed per phase: the rank's row (bytes
+sent to each peer of its group) and column (bytes received from each) of the traffic matrix that
+cross_rank/traffic.py assembles.
+
+Where the sizes come from, per call, the first that the trace records:
+- our own span (`commprobe/comm/ep/all_to_all/…/grank=R/send=B0.B1…/recv=B0.B1…`, bytes);
+- torch's `c10d::alltoall_base_` recorded with shapes (`record_shapes=True`): its "Concrete Inputs"
+  hold the output and input split sizes in rows (arguments 3 and 4 of `alltoall_base_(output,
+  input, pg, output_split_sizes, input_split_sizes, …)`) and "Input Dims"/"Input type" the row size.
+A call none of them describes counts as unsized: the phase then says how many calls the matrix
+leaves out, and a phase with no sized call has no matrix (sizes not recorded), never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+
+from ..readers.model import Trace
+from .calls import Calls
+
+_SPLITS = re.compile(r"/grank=(\d+)/send=([\d.]*)/recv=([\d.]*)")
+_ELEM = {"float": 4, "float32": 4, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "bfloat16": 2, "double": 8,
+         "long int": 8, "int": 4, "int64_t": 8, "unsigned char": 1, "signed char": 1, "bool": 1, "short int": 2}
+MAX_GROUP = 4096  # a split list longer than this is not a group we believe
+
+
+def _ints(text: str) -> list[int] | None:
+    try:
+        out = [int(x) for x in text.split(".")] if text else []
+    except ValueError:
+        return None
+    return out if len(out) <= MAX_GROUP and all(x >= 0 for x in out) else None
+
+
+def own_span_splits(name: str) -> tuple[int, list[int], list[int]] | None:
+    """(group rank, bytes sent to each group rank, bytes received from each) from our span's name."""
+    m = _SPLITS.search(name)
+    if not m:
+        return None
+    send, recv = _ints(m.group(2)), _ints(m.group(3))
+    if send is None or recv is None or len(send) != len(recv) or not send or int(m.group(1)) >= len(send):
+        return None
+    return int(m.group(1)), send, recv
+
+
+def c10d_splits(args: dict) -> tuple[list[int], list[int]] | None:
+    """(bytes sent to each group rank, bytes received from each) from a `c10d::alltoall_base_`'s
+    recorded shapes, or None where they are not recorded (no record_shapes, equal splits: [])."""
+    concrete, dims, types = args.get("Concrete Inputs"), args.get("Input Dims"), args.get("Input type")
+    if not (isinstance(concrete, list) and len(concrete) >= 5 and isinstance(dims, list) and len(dims) >= 2):
+        return None
+    try:
+        out_rows, in_rows = json.loads(concrete[3]), json.loads(concrete[4])
+    except (TypeError, ValueError):
+        return None
+    if not (isinstance(out_rows, list) and isinstance(in_rows, list) and out_rows and len(out_rows) == len(in_rows)
+            and len(in_rows) <= MAX_GROUP and all(isinstance(x, int) and x >= 0 for x in out_rows + in_rows)):
+        return None
+    shape = dims[1] if isinstance(dims[1], list) else None
+    elem = _ELEM.get(types[1]) if isinstance(types, list) and len(types) > 1 else None
+    if not shape or elem is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return None
+    row = math.prod(shape[1:]) * elem
+    return [x * row for x in in_rows], [x * row for x in out_rows]
+
+
+def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]]],
+                 c10d_args: dict[int, dict] | None = None) -> dict:
+    """Per phase and group: this rank's group rank (None: the source does not say), and for each
+    sized all-to-all call inside the phase's windows its match key k (calls.py) with the bytes sent
+    to and received from each group rank; `calls` counts every all-to-all there, `unsized` those
+    whose sizes the trace does not hold. `c10d_args`: event -> args of torch's all-to-all ops
+    (Trace.a2a_args)."""
+    if calls.event is None or not len(calls):
+        return {}
+    a2a = np.flatnonzero(calls.op() == "all_to_all")
+    if not len(a2a):
+        return {}
+    spans = {ph: (np.array([a for a, _ in w]), np.array([b for _, b in w])) for ph, w in windows.items() if w}
+    out: dict[str, dict] = {}
+    for i in a2a.tolist():
+        start = float(calls.start[i])
+        phase = next((ph for ph, (lo, hi) in spans.items()
+                      if (j := int(np.searchsorted(lo, start, "right")) - 1) >= 0 and start <= hi[j]), None)
+        if phase is None:
+            continue
+        group = calls.pairs[int(calls.pair[i])][0] or "all_to_all"
+        ev = int(calls.event[i])
+        got = own_span_splits(trace.names[trace.name_id[ev]])
+        if got is None and c10d_args and ev in c10d_args:
+            sr = c10d_splits(c10d_args[ev])
+            got = (-1, *sr) if sr is not None else None
+        g = out.setdefault(phase, {}).setdefault(group, {"grank": None, "calls": 0, "unsized": 0, "k": [], "send": [],
+                                                          "recv": []})
+        g["calls"] += 1
+        if got is None or (g["send"] and len(got[1]) != len(g["send"][0])):
+            g["unsized"] += 1
+            continue
+        if got[0] >= 0:
+            g["grank"] = got[0]
+        g["k"].append(int(calls.k[i]))
+        g["send"].append(got[1])
+        g["recv"].append(got[2])
+    return out

@@ -1,0 +1,137 @@
+"""EP all-to-all traffic (issue 61): who sends how much to whom, per phase, from the sizes the trace
+recorded, checked against truths computed here from the raw data (the router's own counts in
+timings.json; the splits a torch job passed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from commprobe.analyzers.analysis import analyze
+from commprobe.analyzers.cross_rank.traffic import IMBALANCE_RULE
+from commprobe.analyzers.per_rank.traffic import c10d_splits, own_span_splits
+from commprobe.probe.launch import launch
+from tests import workers
+from tests.conftest import ROOT
+
+EP_JOB = ["--preset", "moe-tiny", "--tp", "1", "--ep", "2", "--steps", "8", "--prompt-len", "16", "--repeats", "2"]
+
+
+def _profile(out, fault: str, backend: str = "gloo"):
+    r = subprocess.run([sys.executable, "-m", "commprobe.probe.cli", "profile", *EP_JOB, "--backend", backend,
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COMMPROBE_FAULT": fault})
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _routed_load(bundle, phase: str, ep: int = 2) -> list[int]:
+    """From timings.json alone: tokens routed to each EP rank's experts (contiguous slices), summed
+    over ranks and layers."""
+    doc = json.loads((bundle / "timings.json").read_text())
+    per_expert = None
+    for r in doc["ranks"]:
+        for layer in r["routed_tokens"][phase]:
+            per_expert = layer if per_expert is None else [a + b for a, b in zip(per_expert, layer)]
+    per = len(per_expert) // ep
+    return [sum(per_expert[i * per:(i + 1) * per]) for i in range(ep)]
+
+
+def _routed_truth(bundle, phase: str, ep: int = 2) -> tuple[float, int]:
+    """(busiest / mean, the busiest rank) of _routed_load."""
+    load = _routed_load(bundle, phase, ep)
+    return max(load) / (sum(load) / ep), max(range(ep), key=load.__getitem__)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "dda"])
+def test_a_hot_expert_gives_the_routed_imbalance_and_names_its_rank(tmp_path, backend):
+    """hot-expert:3@60 sends 60 % of the tokens to expert 3 (on EP rank 1): the dispatch matrix's
+    busiest receiver over the mean equals what the router's counts make it (within 5 %), its rank is
+    named, and the finding says routing."""
+    _profile(tmp_path / "run", "hot-expert:3@60", backend)
+    res = analyze(tmp_path / "run")
+    for phase in ("prefill", "decode"):
+        t = res["phases"][phase]["all_to_all"]
+        want, hot = _routed_truth(tmp_path / "run", phase)
+        assert t["sizes"] == "recorded" and t["consistent"] and t["dispatch_calls"] > 0, t
+        assert t["imbalance"] == pytest.approx(want, rel=0.05), (phase, t["imbalance"], want)
+        assert t["hot_rank"] == hot == 1
+        assert t["finding"].startswith("rank 1 receives") and "routing" in t["finding"]
+        # what each rank received in the dispatches is its experts' routed tokens, times one row's bytes
+        # (dim 64 x 4 B) and the traced repetitions: exactly proportional
+        load = _routed_load(tmp_path / "run", phase)
+        reps = t["received"][hot] / (load[hot] * 256)
+        assert reps == int(reps) >= 1 and t["received"] == [n * 256 * int(reps) for n in load]
+
+
+def test_a_balanced_router_gives_no_finding(tmp_path):
+    _profile(tmp_path / "run", "balanced-router@100")
+    res = analyze(tmp_path / "run")
+    for phase in ("prefill", "decode"):
+        t = res["phases"][phase]["all_to_all"]
+        assert _routed_truth(tmp_path / "run", phase)[0] == 1.0
+        assert t["imbalance"] == pytest.approx(1.0) and t["finding"] is None, t
+    assert IMBALANCE_RULE["imbalance_at_least"] > 1.0
+
+
+def test_a_torch_jobs_uneven_all_to_all_single_gives_the_matrix_it_sent(tmp_path):
+    """A real 3-rank gloo job's all_to_all_single with uneven splits, traced with record_shapes: the
+    matrix is exactly what was sent (rows x 16 bytes, two calls), sender x receiver."""
+    out = tmp_path / "traces"
+    out.mkdir()
+    sends = launch(workers.a2a_uneven_trace, 3, (str(out), True), timeout=120)
+    res = analyze(out)
+    (t,) = [p["all_to_all"] for p in res["phases"].values() if "all_to_all" in p]
+    want = [[2 * 16 * rows for rows in send] for send in sends]
+    assert t["sizes"] == "recorded" and t["consistent"] and t["ranks"] == [0, 1, 2]
+    assert t["matrix"] == want
+    assert t["received"] == [sum(want[s][d] for s in range(3)) for d in range(3)]  # no call is its own transpose
+
+
+def test_without_recorded_shapes_the_sizes_are_said_missing(tmp_path):
+    out = tmp_path / "traces"
+    out.mkdir()
+    launch(workers.a2a_uneven_trace, 2, (str(out), False), timeout=120)
+    (t,) = [p["all_to_all"] for p in analyze(out)["phases"].values() if "all_to_all" in p]
+    assert t["sizes"] == "not recorded" and t["finding"] is None and "record_shapes" in t["note"]
+    assert "matrix" not in t
+
+
+@pytest.mark.parametrize("name", [
+    "commprobe/comm/ep/all_to_all/bytes=8/dtype=float32/group=2/backend=gloo/grank=5/send=1.2/recv=3.4",  # rank out of range
+    "commprobe/comm/ep/all_to_all/bytes=8/dtype=float32/group=2/backend=gloo/grank=0/send=1.2/recv=3",  # lengths differ
+    "commprobe/comm/ep/all_to_all/bytes=8/dtype=float32/group=2/backend=gloo/grank=0/send=1..2/recv=3.4",
+    "commprobe/comm/ep/all_to_all/bytes=8/dtype=float32/group=2/backend=gloo/grank=0/send=/recv=",
+    "commprobe/comm/ep/all_to_all/bytes=8/dtype=float32/group=2/backend=gloo",
+])
+def test_a_damaged_split_in_a_span_is_no_size(name):
+    assert own_span_splits(name) is None
+
+
+@pytest.mark.parametrize("args", [
+    {}, {"Concrete Inputs": "x"}, {"Concrete Inputs": ["", "", "", "[1, 2]", "[1]"], "Input Dims": [[3, 4], [3, 4]],
+                                   "Input type": ["float", "float"]},
+    {"Concrete Inputs": ["", "", "", "[1, -2]", "[1, 2]"], "Input Dims": [[3, 4], [3, 4]], "Input type": ["float", "float"]},
+    {"Concrete Inputs": ["", "", "", "[1, 2]", "[1, 2]"], "Input Dims": [[3, 4], [3, 4]], "Input type": ["float", "weird"]},
+    {"Concrete Inputs": ["", "", "", "[]", "[]"], "Input Dims": [[3, 4], [3, 4]], "Input type": ["float", "float"]},
+    {"Concrete Inputs": ["", "", "", "[1e400]", "[1]"], "Input Dims": [[3, 4], [3, 4]], "Input type": ["float", "float"]},
+])
+def test_damaged_or_missing_c10d_splits_are_no_size(args):
+    assert c10d_splits(args) is None
+
+
+def test_c10d_splits_in_bytes():
+    args = {"Concrete Inputs": ["", "", "", "[2, 4]", "[1, 3]"], "Input Dims": [[6, 4], [4, 4]], "Input type": ["float", "float"]}
+    assert c10d_splits(args) == ([16, 48], [32, 64])
+
+
+def test_balanced_router_fault_parses_and_refuses_a_target():
+    from commprobe.probe.faults import perf_fault
+
+    f = perf_fault("balanced-router@100")
+    assert (f.kind, f.target, f.dose) == ("balanced-router", None, 100.0)
+    with pytest.raises(ValueError, match="takes no target"):
+        perf_fault("balanced-router:1@100")
