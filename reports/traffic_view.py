@@ -17,8 +17,8 @@ def traffic_line(phase: str, t: dict) -> str:
         return f"EP all-to-all, {phase}: {t.get('note') or 'no sizes'}"
     calls = (f"{t['dispatch_calls']} dispatches of {t['sized_calls']} sized calls" if t.get("dispatch_calls")
              else f"{t['sized_calls']} sized calls, no dispatch told apart")
-    head = t["finding"] or (f"busiest receiver {t['imbalance']:.2f}x the mean (under the "
-                            f"{t['rule']['imbalance_at_least']:.2f}x the finding needs)")
+    head = t["finding"] or t.get("note") or (f"busiest receiver {t['imbalance']:.2f}x the mean (under the "
+                                             f"{t['rule']['imbalance_at_least']:.2f}x a skew needs)")
     unsized = f"; {t['unsized_calls']} call(s) without sizes left out" if t.get("unsized_calls") else ""
     return f"EP all-to-all, {phase}: {head} ({calls}{unsized})"
 

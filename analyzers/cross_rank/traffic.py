@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import statistics
 
-# A routing imbalance is named when the busiest receiver of the dispatches gets this much over the mean.
-IMBALANCE_RULE = {"imbalance_at_least": 1.25}
+# Routing skew: the busiest receiver of the dispatches gets this much over the mean. It is named as
+# what makes the all-to-all slow only where the hot rank also caused most of the phase's waiting
+# and waiting outweighs transfer there (the cause split of cross_rank/cause.py).
+IMBALANCE_RULE = {"imbalance_at_least": 1.25, "hot_rank_wait_share_at_least": 0.5}
 HOT_EXPERT = 1.5  # an expert routed this many times the mean count is named hot
 
 
@@ -98,9 +100,9 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
     res.update(imbalance=imbalance, cv=statistics.pstdev(received) / mean, hot_group_rank=hot, hot_rank=ranks[hot],
                per_call={"min": min(per_call), "median": statistics.median(per_call), "max": max(per_call)})
     who = f"rank {ranks[hot]}" if ranks[hot] is not None else f"group rank {hot}"
-    res["finding"] = (f"{who} receives {imbalance:.2f}x the mean of the EP dispatch bytes: EP all-to-all is "
-                      "imbalance-bound by routing; rebalance or replicate its experts"
-                      if imbalance >= IMBALANCE_RULE["imbalance_at_least"] else None)
+    res["skew"] = (f"{who} receives {imbalance:.2f}x the mean of the EP dispatch bytes"
+                   if imbalance >= IMBALANCE_RULE["imbalance_at_least"] else None)
+    res["finding"] = None  # named against the phase's waiting (judge), where the time says it costs
     if not consistent:
         res["note"] = "senders' and receivers' sizes disagree (a trace cut short?): the matrix is the senders'"
     return res
@@ -165,11 +167,43 @@ def routed_of(timings: dict | None, ep: int) -> dict[str, dict]:
     return out
 
 
+def judge(t: dict, cause: dict | None) -> None:
+    """The finding, from the bytes' skew and the phase's waiting: the hot rank is what the others
+    wait for (routing makes the all-to-all slow), or the skew moves bytes without holding anyone up
+    (said in a note), or the phase's waiting cannot say (no cause split)."""
+    if not t.get("skew"):
+        return
+    hot = t.get("hot_rank")
+    caused = (cause or {}).get("wait_caused_by") or {}
+    if hot is None or not caused:
+        t["note"] = f"{t['skew']}; whether it holds the other ranks up cannot be told (no waiting measured per rank)"
+        return
+    share = float(caused.get(str(hot), 0.0))
+    t["hot_rank_wait_share"] = share
+    waiting = (cause or {}).get("wait_share", 0.0) >= (cause or {}).get("transfer_share", 0.0)
+    if share >= IMBALANCE_RULE["hot_rank_wait_share_at_least"] and waiting:
+        z = (cause or {}).get("culprit_z")
+        noise = ("" if (cause or {}).get("culprit") == hot or z is None else
+                 f"; by the waiting alone within the noise ({z:.1f} standard errors), the bytes say why")
+        t["finding"] = (f"{t['skew']}, and the others wait for it ({share:.0%} of the waiting{noise}): EP all-to-all "
+                        "is imbalance-bound by routing; rebalance or replicate its experts")
+    else:
+        top = max(caused, key=lambda r: caused[r])
+        t["note"] = (f"{t['skew']}, but it caused {share:.0%} of the waiting (rank {top}: {caused[top]:.0%})"
+                     + ("" if waiting else ", and transfer outweighs waiting")
+                     + ": the routing skew is not what holds the all-to-all up here")
+
+
 def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None, ep: int = 0) -> None:
-    """Each phase with all-to-all calls gains `all_to_all` (phase_traffic), with our router's counts
-    where the bundle has them."""
+    """Each phase with all-to-all calls gains `all_to_all` (phase_traffic, judged against the phase's
+    waiting), with our router's counts where the bundle has them; a finding leads the phase's
+    recommendations."""
     routed = routed_of(timings, ep) if ep > 1 else {}
     for phase, doc in phases.items():
         t = phase_traffic(per_rank, phase, routed.get(phase))
-        if t is not None:
-            doc["all_to_all"] = t
+        if t is None:
+            continue
+        judge(t, doc.get("communication_cause"))
+        doc["all_to_all"] = t
+        if t["finding"]:
+            doc.setdefault("recommendations", []).insert(0, t["finding"])
