@@ -12,6 +12,8 @@ import json
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from .traffic_figure import traffic_figures, traffic_section
+
 from commprobe.common.vocab import WORK_CATEGORIES
 
 from .sections import (
@@ -182,6 +184,7 @@ def render_html(result: dict, by_backend: dict[str, dict] | None = None, plan: d
         figs.append(("backends", f))
     elif result["message_sizes"]:
         figs.append(("sizes", sizes_figure(result)))
+    figs += traffic_figures(result)
     f = telemetry_figure(result)
     if f is not None:
         figs.append(("telemetry", f))
@@ -220,6 +223,7 @@ threshold {result['threshold']:.0%}{_esc(_read_as(src))}.</p>
 <h2>Verdict{_esc(f" ({next(iter(by_backend))})") if len(by_backend) > 1 else ''}</h2><ul id="verdicts">{verdicts}</ul>
 {f'<ul id="notes">{notes}</ul>' if notes else ''}
 {cause_section(result)}
+{traffic_section(result)}
 {headroom_section(result)}
 {engine_phases_section(result)}
 <h2>How each axis was decided</h2>

@@ -74,6 +74,20 @@ def test_a_hot_expert_gives_the_routed_imbalance_and_names_its_rank(tmp_path, ba
         assert reps == int(reps) >= 1 and t["received"] == [n * 256 * int(reps) for n in load]
 
 
+def test_the_report_and_the_terminal_show_the_matrix(tmp_path):
+    """The HTML report has the section and a heatmap per phase with a matrix; the terminal the line
+    and the matrix (a real run of the hot-expert fault)."""
+    from commprobe.reports.html import render_html
+    from tests.conftest import run_cli
+
+    _profile(tmp_path / "run", "hot-expert:3@60")
+    page = render_html(analyze(tmp_path / "run"))
+    assert 'id="all-to-all"' in page and 'id="fig-traffic-prefill"' in page and 'id="fig-traffic-decode"' in page
+    r = run_cli("analyze", str(tmp_path / "run"))
+    assert r.returncode == 0 and "EP all-to-all, prefill: rank 1 receives" in r.stdout
+    assert "from \\ to" in r.stdout and "received" in r.stdout
+
+
 def test_a_balanced_router_gives_no_finding(tmp_path):
     _profile(tmp_path / "run", "balanced-router@100")
     res = analyze(tmp_path / "run")
