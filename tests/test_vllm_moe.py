@@ -52,3 +52,18 @@ def test_real_moe_workers_are_named_by_their_coordinates_and_read(moe_profile):
         # the experts' output is all-reduced over TP (no --enable-expert-parallel): TP allreduce time
         got = sum(p["categories"]["tp_allreduce"]["total_us"] for p in rank["phases"].values())
         assert got == pytest.approx(allreduce_in_steps(ev, windows), rel=0.01)
+
+
+def test_real_moe_all_to_all_traffic_is_shown_or_said_missing(moe_profile):
+    """Issue 61 on a real engine: where the workers' raw events hold all-to-all ops, each phase that
+    has them says its sizes (recorded, with a matrix) or that they are missing; where none is held
+    (vLLM's TP MoE reduces expert outputs by allreduce), no phase invents traffic."""
+    workers = sorted(p for p in moe_profile.glob("*.pt.trace.json.gz") if ".async_llm." not in p.name)
+    a2a = sum(1 for w in workers for e in raw(w) if re.search(r"all_?to_?all", e["name"], re.IGNORECASE))
+    res = analyze(moe_profile)
+    shown = [p["all_to_all"] for p in res["phases"].values() if "all_to_all" in p]
+    if not a2a:
+        assert shown == []
+    else:
+        assert shown and all(t["sizes"] == "recorded" and t["matrix"] or t["sizes"] == "not recorded" and t["note"]
+                             for t in shown)
