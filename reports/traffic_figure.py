@@ -18,10 +18,10 @@ def traffic_figures(result: dict) -> list[tuple[str, go.Figure]]:
             continue
         labels = [f"rank {r}" if r is not None else f"group rank {i}" for i, r in enumerate(t["ranks"])]
         what = "dispatch" if t.get("dispatch_matrix") else "all-to-all"
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.2,
                             subplot_titles=(f"{what} bytes: sender (row) to receiver (column)",
                                             "bytes received per rank"))
-        fig.add_trace(go.Heatmap(z=m, x=labels, y=labels, colorscale="Blues", colorbar={"x": 0.55, "len": 0.9},
+        fig.add_trace(go.Heatmap(z=m, x=labels, y=labels, colorscale="Blues", colorbar={"x": 0.52, "len": 0.9, "thickness": 12},
                                  text=[[human_size(b) for b in row] for row in m], texttemplate="%{text}",
                                  hovertemplate="%{y} to %{x}: %{z} bytes<extra></extra>"), row=1, col=1)
         hot = t.get("hot_group_rank")
