@@ -156,3 +156,54 @@ def test_balanced_router_fault_parses_and_refuses_a_target():
     assert (f.kind, f.target, f.dose) == ("balanced-router", None, 100.0)
     with pytest.raises(ValueError, match="takes no target"):
         perf_fault("balanced-router:1@100")
+
+
+def test_nccl_split_sizes_as_torch_records_them():
+    """record_param_comms' all-to-all args (torch's ParamCommsUtils keys): rows as JSON strings,
+    elements per row from the message's element count; an even split ("[]") is no size."""
+    from commprobe.analyzers.per_rank.traffic import nccl_splits
+
+    args = {"Collective name": "all_to_allv", "dtype": "Float", "In msg nelems": 24, "Out msg nelems": 16,
+            "In split size": "[1, 2]", "Out split size": "[2, 2]"}
+    assert nccl_splits(args) == ([32, 64], [32, 32])  # 8 floats a row in, 4 a row out
+    for bad in ({**args, "In split size": "[]"}, {**args, "In msg nelems": 25}, {**args, "dtype": "Weird"},
+                {**args, "Out split size": "[2"}, {**args, "Out split size": "[2, 2, 2]"}):
+        assert nccl_splits(bad) is None, bad
+
+
+def test_a_kineto_record_param_comms_all_to_all_gives_its_matrix(tmp_path):
+    """Two ranks' traces in Kineto's shape with NCCL's record_param_comms all-to-all (the args torch
+    writes), read through both readers (the C scanner and msgspec): the matrix from the splits."""
+    import gzip
+
+    from commprobe.analyzers.readers.kineto import load_trace
+
+    def trace(rank: int) -> dict:
+        send = [[1, 3], [2, 2]][rank]
+        recv = [[1, 2], [3, 2]][rank]
+        evs = []
+        for i in range(2):
+            t = 100.0 + i * 50
+            evs.append({"ph": "X", "name": "record_param_comms", "cat": "cpu_op", "ts": t, "dur": 10, "pid": 1, "tid": 1,
+                        "args": {"Collective name": "all_to_allv", "dtype": "Float", "In msg nelems": 4 * sum(send),
+                                 "Out msg nelems": 4 * sum(recv), "In split size": json.dumps(send),
+                                 "Out split size": json.dumps(recv), "Group size": 2, "Process Group Name": "0",
+                                 "Process Group Description": "ep_group", "Seq": i}})
+        return {"traceEvents": evs, "distributedInfo": {"rank": rank, "world_size": 2}}
+
+    d = tmp_path / "traces"
+    d.mkdir()
+    for r in range(2):
+        with gzip.open(d / f"rank{r}.json.gz", "wt") as f:
+            json.dump(trace(r), f)
+    for env in ({}, {"COMMPROBE_PURE_PYTHON": "1"}):
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            assert load_trace(d / "rank0.json.gz").a2a_args  # the reader kept the split sizes
+            (t,) = [p["all_to_all"] for p in analyze(d)["phases"].values() if "all_to_all" in p]
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        assert t["sizes"] == "recorded" and t["consistent"], t
+        assert t["matrix"] == [[2 * 16, 2 * 48], [2 * 32, 2 * 32]]

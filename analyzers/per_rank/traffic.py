@@ -6,7 +6,10 @@ Where the sizes come from, per call, the first that the trace records:
 - our own span (`commprobe/comm/ep/all_to_all/…/grank=R/send=B0.B1…/recv=B0.B1…`, bytes);
 - torch's `c10d::alltoall_base_` recorded with shapes (`record_shapes=True`): its "Concrete Inputs"
   hold the output and input split sizes in rows (arguments 3 and 4 of `alltoall_base_(output,
-  input, pg, output_split_sizes, input_split_sizes, …)`) and "Input Dims"/"Input type" the row size.
+  input, pg, output_split_sizes, input_split_sizes, …)`) and "Input Dims"/"Input type" the row size;
+- NCCL's all-to-all as torch records it (record_param_comms and the kernel's args): "In split size"
+  and "Out split size" (rows, a JSON string), "In/Out msg nelems" and "dtype" (torch's
+  ParamCommsUtils; an even split records "[]", which is no size).
 A call none of them describes counts as unsized: the phase then says how many calls the matrix
 leaves out, and a phase with no sized call has no matrix (sizes not recorded), never a guess.
 """
@@ -68,6 +71,35 @@ def c10d_splits(args: dict) -> tuple[list[int], list[int]] | None:
     return [x * row for x in in_rows], [x * row for x in out_rows]
 
 
+_DTYPE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
+          "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def nccl_splits(args: dict) -> tuple[list[int], list[int]] | None:
+    """(bytes sent to each group rank, bytes received from each) from NCCL's all-to-all args
+    (record_param_comms or its kernel): "In/Out split size" in rows as a JSON string, the row's
+    elements from "In/Out msg nelems" over the rows, bytes from "dtype"; None where not recorded
+    (an even all-to-all records "[]")."""
+    elem = _DTYPE.get(str(args.get("dtype", "")).lower())
+    out = []
+    for split_key, nel_key in (("In split size", "In msg nelems"), ("Out split size", "Out msg nelems")):
+        raw, nel = args.get(split_key), args.get(nel_key)
+        try:
+            rows = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            return None
+        if not (isinstance(rows, list) and rows and len(rows) <= MAX_GROUP
+                and all(isinstance(x, int) and x >= 0 for x in rows) and isinstance(nel, int) and nel >= 0):
+            return None
+        total = sum(rows)
+        if elem is None or (total and nel % total):
+            return None
+        per_row = nel // total if total else 0
+        out.append([x * per_row * elem for x in rows])
+    send, recv = out
+    return (send, recv) if len(send) == len(recv) else None
+
+
 def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]]],
                  c10d_args: dict[int, dict] | None = None) -> dict:
     """Per phase and group: this rank's group rank (None: the source does not say), and for each
@@ -92,7 +124,7 @@ def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]
         ev = int(calls.event[i])
         got = own_span_splits(trace.names[trace.name_id[ev]])
         if got is None and c10d_args and ev in c10d_args:
-            sr = c10d_splits(c10d_args[ev])
+            sr = c10d_splits(c10d_args[ev]) or nccl_splits(c10d_args[ev])
             got = (-1, *sr) if sr is not None else None
         g = out.setdefault(phase, {}).setdefault(group, {"grank": None, "calls": 0, "unsized": 0, "k": [], "send": [],
                                                           "recv": []})

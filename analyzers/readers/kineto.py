@@ -34,6 +34,7 @@ from .kineto_args import (
     IN_COL,
     INPUT_KEYS,
     SEQ_KEY,
+    SPLIT_KEYS,
     arg_rows,
     args_kind,
     corr_values,
@@ -293,6 +294,13 @@ def load_trace(path: str | Path, rank: int | None = None) -> Trace:
     a2a_name = np.fromiter((n.startswith("c10d::alltoall") for n in cols.names), bool, len(cols.names))
     a2a_idx = sorted_idx[a2a_name[name_id[sorted_idx]]] if len(sorted_idx) else sorted_idx
     a2a = field_dicts(path, a2a_idx, *cols.fields(order[a2a_idx], A2A_KEYS), A2A_KEYS) if len(a2a_idx) else {}
+    # NCCL's all-to-all (record_param_comms, kernels): its "In/Out split size", where recorded
+    a2a_rows = np.array([str(d.get("Collective name", "")).lower().replace("_", "").startswith("alltoall")
+                         for d in dicts] or [False], bool)
+    split_idx = sorted_idx[(arg_row[sorted_idx] >= 0) & a2a_rows[np.maximum(arg_row[sorted_idx], 0)]] \
+        if len(sorted_idx) and dicts else sorted_idx[:0]
+    if len(split_idx):
+        a2a.update(field_dicts(path, split_idx, *cols.fields(order[split_idx], SPLIT_KEYS), SPLIT_KEYS))
     return Trace(str(path), rank, ts, dur, name_id, cat_id, cols.names, cols.cats, tid_id, arg_row, dicts, arg_seq, arg_corr,
                  cols.base_ns, dist, meta, cols.nbytes,
                  extra={"identity": evidence(name, own, "distributedInfo" if own is not None else None,

@@ -41,7 +41,10 @@ CORR_KEY = "correlation"  # links a kernel to the runtime call that launched it 
 # Read only for torch's all-to-all ops (c10d::alltoall*): with record_shapes, "Concrete Inputs" holds
 # the split sizes (per_rank/traffic.py), and the inputs' dims and type give the row's bytes.
 A2A_KEYS = ("Concrete Inputs", *INPUT_KEYS)
-_ALL_KEYS = (*ARG_KEYS, SEQ_KEY, CORR_KEY, "Concrete Inputs")
+# ... and for NCCL's all-to-all (record_param_comms, its kernels): torch's split sizes in rows, as
+# JSON strings ("[1, 2]"), beside the message's element count and dtype.
+SPLIT_KEYS = ("In split size", "Out split size", "In msg nelems", "Out msg nelems", "dtype")
+_ALL_KEYS = (*ARG_KEYS, SEQ_KEY, CORR_KEY, "Concrete Inputs", "In split size", "Out split size")
 
 
 class _Args(msgspec.Struct, gc=False, rename={f"k{i}": k for i, k in enumerate(_ALL_KEYS)}):
@@ -59,6 +62,8 @@ class _Args(msgspec.Struct, gc=False, rename={f"k{i}": k for i, k in enumerate(_
     k9: msgspec.Raw = msgspec.Raw(b"")
     k10: msgspec.Raw = msgspec.Raw(b"")
     k11: msgspec.Raw = msgspec.Raw(b"")
+    k12: msgspec.Raw = msgspec.Raw(b"")
+    k13: msgspec.Raw = msgspec.Raw(b"")
 
 
 _ARGS = msgspec.json.Decoder(_Args)
