@@ -155,7 +155,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
                        manifest=manifest, cal_source=cal_source)
     origin = red.origin
     ep = int(((manifest or {}).get("world") or {}).get("ep") or 0) if isinstance(manifest, dict) else 0
-    attach_traffic(red.phases, traffic, _timings(path) if ep > 1 and not url else None, ep)
+    red.traffic = attach_traffic(red.phases, traffic, _timings(path) if ep > 1 and not url else None, ep)
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None, "rank_rule": chosen.rule,

@@ -148,6 +148,8 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
                                                   result["ranks"])
             written[r]["switch_slices"] = _savings(w, r, calls.get(r), waits.get(r), red, offsets, written,
                                                    window)
+        if written:
+            _imbalance(w, min(written), calls.get(min(written)), red.traffic, offsets, window)
     except BaseException:
         w.abandon()
         raise
@@ -159,6 +161,25 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
                 "verdicts": {ph: p["verdict"] for ph, p in result["phases"].items()}}
         w.close(meta)
     return {"result": result, "written": written, "events": w.count, "path": str(out)}
+
+
+def _imbalance(w: _Writer, r: int, calls, traffic: dict, offsets: dict, window: str | None) -> None:
+    """A counter track on rank r: each all-to-all call's busiest receiver over the mean (the
+    dispatches', cross_rank/traffic.py), at the call's start on r, so the hot steps stand out."""
+    if calls is None or not len(calls) or not traffic:
+        return
+    ops = calls.op()
+    for phase, t in traffic.items():
+        if window and phase != window:
+            continue
+        at = {}
+        for i in np.flatnonzero(ops == "all_to_all").tolist():
+            if calls.pairs[int(calls.pair[i])][0] == t["group"]:
+                at[int(calls.k[i])] = float(calls.start[i]) - offsets.get(r, 0.0)
+        for k, imb in t["calls"]:
+            if k in at:
+                w.add({"ph": "C", "name": "EP all-to-all imbalance (busiest receiver / mean)", "cat": "commprobe",
+                       "ts": round(at[k], 3), "pid": r, "args": {"imbalance": round(imb, 4)}})
 
 
 def _which(mine: list[dict], trace) -> dict | None:

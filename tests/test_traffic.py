@@ -207,3 +207,19 @@ def test_a_kineto_record_param_comms_all_to_all_gives_its_matrix(tmp_path):
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         assert t["sizes"] == "recorded" and t["consistent"], t
         assert t["matrix"] == [[2 * 16, 2 * 48], [2 * 32, 2 * 32]]
+
+
+def test_the_perfetto_export_has_a_counter_of_each_calls_imbalance(tmp_path):
+    """`analyze --perfetto`: a counter track whose values are the dispatches' per-call imbalances."""
+    from commprobe.analyzers.perfetto import export
+
+    _profile(tmp_path / "run", "hot-expert:3@60")
+    export(tmp_path / "run", tmp_path / "out.json")
+    counters = [e for e in json.loads((tmp_path / "out.json").read_text())["traceEvents"]
+                if e.get("ph") == "C" and e["name"].startswith("EP all-to-all imbalance")]
+    res = analyze(tmp_path / "run")
+    want = sum(p["all_to_all"]["dispatch_calls"] for p in res["phases"].values() if "all_to_all" in p)
+    assert len(counters) == want > 0
+    lo = min(p["all_to_all"]["per_call"]["min"] for p in res["phases"].values() if "all_to_all" in p)
+    hi = max(p["all_to_all"]["per_call"]["max"] for p in res["phases"].values() if "all_to_all" in p)
+    assert all(lo - 1e-3 <= e["args"]["imbalance"] <= hi + 1e-3 for e in counters)

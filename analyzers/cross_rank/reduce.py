@@ -38,6 +38,7 @@ class Reduced:
     targets: dict = field(default_factory=dict)
     offset: dict = field(default_factory=dict)
     own: str | None = None
+    traffic: dict = field(default_factory=dict)  # per phase, each all-to-all call's imbalance (traffic.attach)
 
 
 def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *, align: str, threshold: float,

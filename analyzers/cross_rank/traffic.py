@@ -71,7 +71,7 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
     ranks: list[int | None] = [None] * size
     for r, gr in place.items():
         ranks[gr] = r if ranks[gr] is None else ranks[gr]
-    mats, consistent = [], True
+    mats, keys, consistent = [], [], True
     for k in sorted(by_k):
         rows = by_k[k]
         if len(rows) < size:
@@ -79,6 +79,7 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
         m = [list(rows[s][0]) for s in range(size)]
         consistent &= all(rows[d][1][s] == m[s][d] for s in range(size) for d in range(size))
         mats.append(m)
+        keys.append(k)
     dispatch = _dispatches(mats)
     picked = dispatch or list(range(len(mats)))
     total = _sum(mats, range(len(mats)), size)
@@ -96,7 +97,9 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
     mean = sum(received) / size
     hot = max(range(size), key=received.__getitem__)
     imbalance = received[hot] / mean
-    per_call = [_recv_imbalance(mats[i], size) for i in picked if sum(map(sum, mats[i]))]
+    series = [(keys[i], _recv_imbalance(mats[i], size)) for i in picked if sum(map(sum, mats[i]))]
+    per_call = [x for _, x in series]
+    res["_series"] = series  # (match key, imbalance) per call, for the trace export; not in the JSON
     res.update(imbalance=imbalance, cv=statistics.pstdev(received) / mean, hot_group_rank=hot, hot_rank=ranks[hot],
                per_call={"min": min(per_call), "median": statistics.median(per_call), "max": max(per_call)})
     who = f"rank {ranks[hot]}" if ranks[hot] is not None else f"group rank {hot}"
@@ -194,16 +197,22 @@ def judge(t: dict, cause: dict | None) -> None:
                      + ": the routing skew is not what holds the all-to-all up here")
 
 
-def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None, ep: int = 0) -> None:
+def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None, ep: int = 0) -> dict[str, dict]:
     """Each phase with all-to-all calls gains `all_to_all` (phase_traffic, judged against the phase's
     waiting), with our router's counts where the bundle has them; a finding leads the phase's
-    recommendations."""
+    recommendations. Returns per phase the group and each call's (match key, imbalance): the
+    Perfetto export's counter track."""
     routed = routed_of(timings, ep) if ep > 1 else {}
+    series: dict[str, dict] = {}
     for phase, doc in phases.items():
         t = phase_traffic(per_rank, phase, routed.get(phase))
         if t is None:
             continue
+        if t.get("_series"):
+            series[phase] = {"group": t["group"], "calls": t["_series"]}
+        t.pop("_series", None)
         judge(t, doc.get("communication_cause"))
         doc["all_to_all"] = t
         if t["finding"]:
             doc.setdefault("recommendations", []).insert(0, t["finding"])
+    return series
