@@ -28,7 +28,7 @@ def render_all_to_all(result: dict, console: Console) -> None:
         t = p.get("all_to_all")
         if not t:
             continue
-        console.print(escape(traffic_line(phase, t)), highlight=False, soft_wrap=True)
+        console.print(escape(traffic_line(phase, t)), highlight=False)
         m = t.get("dispatch_matrix") or t.get("matrix")
         if not m or len(m) > MAX_SHOWN:
             continue
