@@ -89,7 +89,7 @@ def test_gpu_dda_skips_with_a_reason_on_cpu():
 def test_every_call_is_a_labelled_profiler_span():
     names = launch(workers.spans_under_profiler, 2, (), timeout=120)[0]
     assert names == [
-        "commprobe/comm/ep/all_to_all/bytes=48/dtype=float32/group=2/backend=gloo",
+        "commprobe/comm/ep/all_to_all/bytes=48/dtype=float32/group=2/backend=gloo/grank=0/send=24.24/recv=24.24",
         "commprobe/comm/tp/all_reduce/bytes=2000/dtype=bfloat16/group=2/backend=dda",
         "commprobe/comm/tp/send_recv/bytes=20/dtype=float32/group=2/backend=dda",
     ]
