@@ -223,3 +223,19 @@ def test_the_perfetto_export_has_a_counter_of_each_calls_imbalance(tmp_path):
     lo = min(p["all_to_all"]["per_call"]["min"] for p in res["phases"].values() if "all_to_all" in p)
     hi = max(p["all_to_all"]["per_call"]["max"] for p in res["phases"].values() if "all_to_all" in p)
     assert all(lo - 1e-3 <= e["args"]["imbalance"] <= hi + 1e-3 for e in counters)
+
+
+def test_two_groups_of_one_axis_are_summed_not_overwritten():
+    """EP x TP: two EP groups whose ranks share group ranks (0 and 1 in each). Their rows add up
+    in one matrix, said as groups_summed; nothing is dropped."""
+    from commprobe.analyzers.cross_rank.traffic import phase_traffic
+
+    def rank(grank: int, send: list[int], recv: list[int]) -> dict:
+        return {"decode": {"ep": {"grank": grank, "calls": 1, "unsized": 0, "k": [0], "send": [send], "recv": [recv]}}}
+
+    # group A = ranks 0, 2: 0 sends [10, 30] (to itself, to 2); group B = ranks 1, 3
+    per_rank = {0: rank(0, [10, 30], [10, 5]), 2: rank(1, [5, 15], [30, 15]),
+                1: rank(0, [1, 3], [1, 2]), 3: rank(1, [2, 4], [3, 4])}
+    t = phase_traffic(per_rank, "decode")
+    assert t["groups_summed"] == 2 and t["consistent"]
+    assert t["matrix"] == [[11, 33], [7, 19]] and t["received"] == [18, 52]

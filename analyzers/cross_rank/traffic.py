@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import statistics
 
+from ..per_rank.attribution import MAX_WINDOWS
+
 # Routing skew: the busiest receiver of the dispatches gets this much over the mean. It is named as
 # what makes the all-to-all slow only where the hot rank also caused most of the phase's waiting
 # and waiting outweighs transfer there (the cause split of cross_rank/cause.py).
@@ -65,9 +67,12 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
         return {**base, "sizes": "recorded", "finding": None,
                 "note": "split sizes recorded, but which group rank each trace is cannot be told"}
     by_k: dict[int, dict[int, tuple[list[int], list[int]]]] = {}
-    for r, g in sized:
+    for r, g in sized:  # several groups of one axis (EP x TP) hold the same group ranks: summed
         for k, send, recv in zip(g["k"], g["send"], g["recv"]):
-            by_k.setdefault(k, {})[place[r]] = (send, recv)
+            row = by_k.setdefault(k, {})
+            old = row.get(place[r])
+            row[place[r]] = (send, recv) if old is None else ([a + b for a, b in zip(old[0], send)],
+                                                               [a + b for a, b in zip(old[1], recv)])
     ranks: list[int | None] = [None] * size
     for r, gr in place.items():
         ranks[gr] = r if ranks[gr] is None else ranks[gr]
@@ -212,6 +217,8 @@ def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None,
             series[phase] = {"group": t["group"], "calls": t["_series"]}
         t.pop("_series", None)
         judge(t, doc.get("communication_cause"))
+        if int(doc.get("windows") or 0) > MAX_WINDOWS:  # a rank keeps this many windows per phase
+            t["windows_note"] = f"the calls of the first {MAX_WINDOWS} of {doc['windows']} windows per rank"
         doc["all_to_all"] = t
         if t["finding"]:
             doc.setdefault("recommendations", []).insert(0, t["finding"])
