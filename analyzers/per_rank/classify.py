@@ -59,7 +59,7 @@ def comm_mask(category: np.ndarray) -> np.ndarray:
     return _IS_COMM[category]
 
 
-_DTYPE_BYTES = {"float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8,
+DTYPE_BYTES = {"float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8,
                 "float64": 8, "int": 4, "int32": 4, "long": 8, "int64": 8, "int8": 1, "uint8": 1, "byte": 1,
                 "char": 1, "bool": 1, "short": 2, "int16": 2, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
@@ -239,7 +239,7 @@ class Classified:
 
 
 # torch's names for the element types of "Input type" (record_function's recorded inputs)
-_INPUT_TYPE_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "int": 4,
+INPUT_TYPE_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "int": 4,
                      "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::float8_e4m3fn": 1,
                      "c10::float8_e5m2": 1}
 
@@ -253,7 +253,7 @@ def _input_bytes(args: dict) -> float:
         return float("nan")
     for d, t in zip(dims, types):
         if isinstance(d, list) and d and isinstance(t, str):
-            size = _INPUT_TYPE_BYTES.get(t.lower())
+            size = INPUT_TYPE_BYTES.get(t.lower())
             if size is None or not all(isinstance(x, int) and x >= 0 for x in d):
                 return float("nan")
             return float(np.prod(d, dtype=np.float64)) * size
@@ -268,7 +268,7 @@ def _args_class(args: dict, fallback: NameClass) -> tuple[str | None, str | None
     if op in ("all_gather",) and args.get("Out msg nelems"):
         nel = args.get("Out msg nelems")
     dt = str(args.get("dtype", "")).lower()
-    size = float(nel) * _DTYPE_BYTES.get(dt, 0) if isinstance(nel, (int, float)) and dt in _DTYPE_BYTES else float("nan")
+    size = float(nel) * DTYPE_BYTES.get(dt, 0) if isinstance(nel, (int, float)) and dt in DTYPE_BYTES else float("nan")
     if nel is None and "dtype" not in args:
         size = _input_bytes(args)
     group = args.get("Process Group Name")

@@ -24,10 +24,9 @@ import numpy as np
 
 from ..readers.model import Trace
 from .calls import Calls
+from .classify import DTYPE_BYTES, INPUT_TYPE_BYTES  # the one table of each: classify sizes messages by them
 
 _SPLITS = re.compile(r"/grank=(\d+)/send=([\d.]*)/recv=([\d.]*)")
-_ELEM = {"float": 4, "float32": 4, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "bfloat16": 2, "double": 8,
-         "long int": 8, "int": 4, "int64_t": 8, "unsigned char": 1, "signed char": 1, "bool": 1, "short int": 2}
 MAX_GROUP = 4096  # a split list longer than this is not a group we believe
 
 
@@ -64,15 +63,12 @@ def c10d_splits(args: dict) -> tuple[list[int], list[int]] | None:
             and len(in_rows) <= MAX_GROUP and all(isinstance(x, int) and x >= 0 for x in out_rows + in_rows)):
         return None
     shape = dims[1] if isinstance(dims[1], list) else None
-    elem = _ELEM.get(types[1]) if isinstance(types, list) and len(types) > 1 else None
+    elem = INPUT_TYPE_BYTES.get(types[1].lower()) if isinstance(types, list) and len(types) > 1 \
+        and isinstance(types[1], str) else None
     if not shape or elem is None or not all(isinstance(d, int) and d >= 0 for d in shape):
         return None
     row = math.prod(shape[1:]) * elem
     return [x * row for x in in_rows], [x * row for x in out_rows]
-
-
-_DTYPE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
-          "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1}
 
 
 def nccl_splits(args: dict) -> tuple[list[int], list[int]] | None:
@@ -80,7 +76,7 @@ def nccl_splits(args: dict) -> tuple[list[int], list[int]] | None:
     (record_param_comms or its kernel): "In/Out split size" in rows as a JSON string, the row's
     elements from "In/Out msg nelems" over the rows, bytes from "dtype"; None where not recorded
     (an even all-to-all records "[]")."""
-    elem = _DTYPE.get(str(args.get("dtype", "")).lower())
+    elem = DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
     out = []
     for split_key, nel_key in (("In split size", "In msg nelems"), ("Out split size", "Out msg nelems")):
         raw, nel = args.get(split_key), args.get(nel_key)
