@@ -168,18 +168,15 @@ def _imbalance(w: _Writer, r: int, calls, traffic: dict, offsets: dict, window: 
     dispatches', cross_rank/traffic.py), at the call's start on r, so the hot steps stand out."""
     if calls is None or not len(calls) or not traffic:
         return
-    ops = calls.op()
+    at = {(calls.pairs[int(calls.pair[i])][0], int(calls.k[i])): float(calls.start[i]) - offsets.get(r, 0.0)
+          for i in np.flatnonzero(calls.op() == "all_to_all").tolist()}  # (group, match key) -> start on r
     for phase, t in traffic.items():
         if window and phase != window:
             continue
-        at = {}
-        for i in np.flatnonzero(ops == "all_to_all").tolist():
-            if calls.pairs[int(calls.pair[i])][0] == t["group"]:
-                at[int(calls.k[i])] = float(calls.start[i]) - offsets.get(r, 0.0)
         for k, imb in t["calls"]:
-            if k in at:
+            if (t["group"], k) in at:
                 w.add({"ph": "C", "name": "EP all-to-all imbalance (busiest receiver / mean)", "cat": "commprobe",
-                       "ts": round(at[k], 3), "pid": r, "args": {"imbalance": round(imb, 4)}})
+                       "ts": round(at[t["group"], k], 3), "pid": r, "args": {"imbalance": round(imb, 4)}})
 
 
 def _which(mine: list[dict], trace) -> dict | None:

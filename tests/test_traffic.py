@@ -239,3 +239,37 @@ def test_two_groups_of_one_axis_are_summed_not_overwritten():
     t = phase_traffic(per_rank, "decode")
     assert t["groups_summed"] == 2 and t["consistent"]
     assert t["matrix"] == [[11, 33], [7, 19]] and t["received"] == [18, 52]
+
+
+def _rank_doc(grank, send, recv, k=(0,)):
+    return {"decode": {"ep": {"grank": grank, "calls": len(k), "unsized": 0, "k": list(k), "send": [send] * len(k),
+                              "recv": [recv] * len(k)}}}
+
+
+def test_one_rank_of_a_group_gives_no_matrix_and_says_why():
+    """One rank's trace of a two-rank group: no call is held by every rank, so no matrix, no imbalance."""
+    from commprobe.analyzers.cross_rank.traffic import phase_traffic
+
+    t = phase_traffic({0: _rank_doc(0, [10, 30], [10, 5])}, "decode")
+    assert t["sizes"] == "recorded" and "matrix" not in t and t["finding"] is None
+    assert "1 of 2 group ranks' traces" in t["note"]
+
+
+def test_a_rank_recording_another_group_size_is_left_out_not_a_crash():
+    from commprobe.analyzers.cross_rank.traffic import phase_traffic
+
+    per_rank = {0: _rank_doc(0, [10, 30], [10, 5]), 1: _rank_doc(1, [5, 15], [30, 15]),
+                2: _rank_doc(0, [1, 2, 3], [1, 2, 3])}
+    t = phase_traffic(per_rank, "decode")
+    assert t["matrix"] == [[10, 30], [5, 15]] and "rank(s) 2 record groups of another size" in t["note"]
+
+
+def test_a_group_rank_several_groups_hold_is_named_as_a_group_rank():
+    from commprobe.analyzers.cross_rank.traffic import judge, phase_traffic
+
+    per_rank = {0: _rank_doc(0, [10, 90], [10, 5]), 2: _rank_doc(1, [5, 95], [90, 95]),
+                1: _rank_doc(0, [10, 90], [10, 5]), 3: _rank_doc(1, [5, 95], [90, 95])}
+    t = phase_traffic(per_rank, "decode")
+    assert t["ranks"] == [None, None] and t["hot_rank"] is None and t["skew"].startswith("group rank 1 receives")
+    judge(t, {"wait_caused_by": {"2": 0.9}, "wait_share": 0.5, "transfer_share": 0.1})
+    assert t["finding"] is None and "cannot be told" in t["note"]

@@ -16,6 +16,7 @@ whose all-to-all calls carry no sizes says so, and the verdict stands on timing 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 from ..per_rank.attribution import MAX_WINDOWS
 
@@ -61,7 +62,9 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
                 "note": f"{calls} all-to-all call(s) per rank carry no split sizes: who sends how much to whom "
                         "cannot be told (torch 2.x writes them with record_shapes=True, as the c10d op's "
                         "'Concrete Inputs'; commprobe's own spans always carry them)"}
-    size = len(sized[0][1]["send"][0])
+    size = Counter(len(g["send"][0]) for _, g in sized).most_common(1)[0][0]  # the group's size: most ranks say
+    odd = [r for r, g in sized if any(len(v) != size for v in g["send"] + g["recv"])]
+    sized = [(r, g) for r, g in sized if r not in odd]  # one group's matrix: rows of its own size only
     place = _placed(sized, size)
     if place is None or any(not 0 <= v < size for v in place.values()):
         return {**base, "sizes": "recorded", "finding": None,
@@ -73,9 +76,8 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
             old = row.get(place[r])
             row[place[r]] = (send, recv) if old is None else ([a + b for a, b in zip(old[0], send)],
                                                                [a + b for a, b in zip(old[1], recv)])
-    ranks: list[int | None] = [None] * size
-    for r, gr in place.items():
-        ranks[gr] = r if ranks[gr] is None else ranks[gr]
+    holders = [[r for r, gr in place.items() if gr == i] for i in range(size)]
+    ranks = [h[0] if len(h) == 1 else None for h in holders]  # a group rank several groups hold: no one rank
     mats, keys, consistent = [], [], True
     for k in sorted(by_k):
         rows = by_k[k]
@@ -85,11 +87,16 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
         consistent &= all(rows[d][1][s] == m[s][d] for s in range(size) for d in range(size))
         mats.append(m)
         keys.append(k)
+    notes = [f"rank(s) {', '.join(map(str, odd))} record groups of another size: left out"] if odd else []
+    if not mats:
+        return {**base, "sizes": "recorded", "finding": None,
+                "note": "; ".join(notes + [f"no call is held by every rank of the group ({sum(1 for h in holders if h)} "
+                                           f"of {size} group ranks' traces here): no matrix can be built"])}
     dispatch = _dispatches(mats)
     picked = dispatch or list(range(len(mats)))
     total = _sum(mats, range(len(mats)), size)
     routed_m = _sum(mats, picked, size)
-    received = [sum(routed_m[s][d] for s in range(size)) for d in range(size)]
+    received = _received(routed_m)
     res = {**base, "sizes": "recorded", "size": size, "ranks": ranks,
            "groups_summed": len(place) // size if len(set(place.values())) < len(place) else 1,
            "sized_calls": len(mats), "matrix": total, "consistent": consistent,
@@ -97,8 +104,12 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
                              else "no call followed by its transpose: every call counted"),
            "dispatch_calls": len(dispatch), "dispatch_matrix": routed_m if dispatch else None,
            "received": received}
+    if not consistent:
+        notes.append("senders' and receivers' sizes disagree (a trace cut short?): the matrix is the senders'")
+    if notes:
+        res["note"] = "; ".join(notes)
     if not sum(received):
-        return {**res, "imbalance": None, "finding": None, "note": "no call moved any bytes"}
+        return {**res, "imbalance": None, "finding": None, "note": "; ".join(notes + ["no call moved any bytes"])}
     mean = sum(received) / size
     hot = max(range(size), key=received.__getitem__)
     imbalance = received[hot] / mean
@@ -111,8 +122,6 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
     res["skew"] = (f"{who} receives {imbalance:.2f}x the mean of the EP dispatch bytes"
                    if imbalance >= IMBALANCE_RULE["imbalance_at_least"] else None)
     res["finding"] = None  # named against the phase's waiting (judge), where the time says it costs
-    if not consistent:
-        res["note"] = "senders' and receivers' sizes disagree (a trace cut short?): the matrix is the senders'"
     return res
 
 
@@ -138,8 +147,13 @@ def _sum(mats: list[list[list[int]]], idx, size: int) -> list[list[int]]:
     return out
 
 
+def _received(m: list[list[int]]) -> list[int]:
+    """Bytes each receiver (column) gets."""
+    return [sum(row[d] for row in m) for d in range(len(m))]
+
+
 def _recv_imbalance(m: list[list[int]], size: int) -> float:
-    col = [sum(m[s][d] for s in range(size)) for d in range(size)]
+    col = _received(m)
     return max(col) / (sum(col) / size)
 
 
@@ -184,7 +198,8 @@ def judge(t: dict, cause: dict | None) -> None:
     hot = t.get("hot_rank")
     caused = (cause or {}).get("wait_caused_by") or {}
     if hot is None or not caused:
-        t["note"] = f"{t['skew']}; whether it holds the other ranks up cannot be told (no waiting measured per rank)"
+        _add_note(t, f"{t['skew']}; whether it holds the other ranks up cannot be told "
+                     "(no waiting measured per rank, or the hot group rank is several ranks)")
         return
     share = float(caused.get(str(hot), 0.0))
     t["hot_rank_wait_share"] = share
@@ -197,9 +212,14 @@ def judge(t: dict, cause: dict | None) -> None:
                         "is imbalance-bound by routing; rebalance or replicate its experts")
     else:
         top = max(caused, key=lambda r: caused[r])
-        t["note"] = (f"{t['skew']}, but it caused {share:.0%} of the waiting (rank {top}: {caused[top]:.0%})"
+        _add_note(t, f"{t['skew']}, but it caused {share:.0%} of the waiting (rank {top}: {caused[top]:.0%})"
                      + ("" if waiting else ", and transfer outweighs waiting")
                      + ": the routing skew is not what holds the all-to-all up here")
+
+
+def _add_note(t: dict, text: str) -> None:
+    """The judgement first, beside what the matrix already noted (left out ranks, disagreeing sizes)."""
+    t["note"] = f"{text}; {t['note']}" if t.get("note") else text
 
 
 def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None, ep: int = 0) -> dict[str, dict]:

@@ -279,20 +279,24 @@ def sweep_rank(cfg: SweepConfig) -> dict:
     es = torch.tensor([], dtype=dtype).element_size()
     skipped: dict[str, str] = {}
     made: dict[str, object] = {}  # one comm per base backend, shared by its pinned variant
+    failed: dict[str, str] = {}  # why a base backend cannot run here, once for its variants
     comms = {}
     for b in cfg.backends:
         base, _ = split_variant(b)
-        why = (deepspeed_unavailable_reason() if base == "deepspeed" else vllm_unavailable_reason() if base == "vllm"
-               else skipped.get(base))
-        if why is None and base not in made:
-            try:
-                made[base] = _make(base)
-            except Exception as e:  # a backend that cannot start here is reported, not fatal
-                why = f"{type(e).__name__}: {e}"
-        if why is None:
+        if base not in made and base not in failed:
+            why = (deepspeed_unavailable_reason() if base == "deepspeed" else vllm_unavailable_reason()
+                   if base == "vllm" else None)
+            if why is None:
+                try:
+                    made[base] = _make(base)
+                except Exception as e:  # a backend that cannot start here is reported, not fatal
+                    why = f"{type(e).__name__}: {e}"
+            if why is not None:
+                failed[base] = why
+        if base in made:
             comms[b] = made[base]
         else:
-            skipped[b] = skipped.setdefault(base, why)
+            skipped[b] = failed[base]
     place = _placer(rank)
     dist.barrier()
     copy_bw = copy_bandwidth_GBps() if rank == 0 else 0.0
