@@ -184,6 +184,17 @@ def analyze(
         from commprobe.reports.terminal import render_analysis
 
         render_analysis(result, console, wide=wide)
+    _done_with_objects()
+
+
+def _done_with_objects() -> None:
+    """Nothing this process made is freed before it exits, so the interpreter's last garbage
+    collections need not look at it: `gc.freeze` moves every object out of their sight (files,
+    atexit handlers and finalizers run as usual). Those collections cost 20-50 ms at the end of an
+    analysis of 16 ranks, the whole process 0.7-1.0 s (bench/RESULTS.md)."""
+    import gc
+
+    gc.freeze()
 
 
 @app.command()
