@@ -39,6 +39,7 @@ from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
 from .cross_rank.reduce import Reduced, reduce_ranks
 from .cross_rank.traffic import attach as attach_traffic
+from .cross_rank.traffic import call_times
 from .per_rank.classify import load_rules
 from .readers import remote
 from .readers.coordinates import table as name_table
@@ -155,7 +156,8 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
                        manifest=manifest, cal_source=cal_source)
     origin = red.origin
     ep = int(((manifest or {}).get("world") or {}).get("ep") or 0) if isinstance(manifest, dict) else 0
-    red.traffic = attach_traffic(red.phases, traffic, _timings(path) if ep > 1 and not url else None, ep)
+    red.traffic = attach_traffic(red.phases, traffic, _timings(path) if ep > 1 and not url else None, ep,
+                                 call_times(red.calls, red.waits) if any(traffic.values()) else None)
     return {
         "schema": SCHEMA,
         "source": {"path": str(path), "files": sorted(files), "bundle": manifest is not None, "rank_rule": chosen.rule,

@@ -61,17 +61,46 @@ def test_a_hot_expert_gives_the_routed_imbalance_and_names_its_rank(tmp_path, ba
         assert t["hot_rank"] == hot == 1 and t["skew"].startswith("rank 1 receives")
         # moe-tiny's experts cost next to nothing: whether the skew is what the others wait for is
         # the phase's waiting's to say; either way the words name rank 1 and say which it is
-        caused = res["phases"][phase]["communication_cause"]["wait_caused_by"]
+        split = t["time"]  # every sized call matched across the two ranks: judged on their own waits
+        assert split["calls"] == t["sized_calls"] and "own waits" in t["judged_on"]
+        assert t["hot_rank_wait_share"] == pytest.approx(split["wait_for_hot_us"] / split["wait_us"])
+        assert 0 <= split["wait_for_hot_us"] <= split["wait_us"] and 0 <= split["extra_bytes_us_at_most"] <= split["transfer_us"]
         if t["finding"]:
-            assert caused["1"] >= 0.5 and "others wait for it" in t["finding"]
+            assert t["hot_rank_wait_share"] >= 0.5 and "others wait for it" in t["finding"]
             assert res["phases"][phase]["recommendations"][0] == t["finding"]
         else:
-            assert "routing skew is not what holds" in t["note"] and t["hot_rank_wait_share"] == caused.get("1", 0.0)
+            assert "of these calls' time" in t["note"] and "µs waiting for it" in t["note"]
         # what each rank received in the dispatches is its experts' routed tokens, times one row's bytes
         # (dim 64 x 4 B) and the traced repetitions: exactly proportional
         load = _routed_load(tmp_path / "run", phase)
         reps = t["received"][hot] / (load[hot] * 256)
         assert reps == int(reps) >= 1 and t["received"] == [n * 256 * int(reps) for n in load]
+    # the calls' time, from the raw spans of both ranks (one clock: one host's base): each call's
+    # transfer is the last starter's duration, every other rank's excess over it its wait (the
+    # analyzer keeps times in single precision: a few ns per call apart)
+    transfer, wait = _raw_a2a_times(tmp_path / "run")
+    assert sum(res["phases"][p]["all_to_all"]["time"]["transfer_us"] for p in ("prefill", "decode")) == pytest.approx(transfer, rel=1e-4)
+    assert sum(res["phases"][p]["all_to_all"]["time"]["wait_us"] for p in ("prefill", "decode")) == pytest.approx(wait, rel=1e-4)
+
+
+def _raw_a2a_times(bundle) -> tuple[float, float]:
+    """(sum of transfers, sum of per-rank mean waits) over every all-to-all span of a 2-rank bundle."""
+    import gzip
+
+    spans, bases = [], []
+    for r in (0, 1):
+        doc = json.load(gzip.open(bundle / f"rank{r}.trace.json.gz"))
+        bases.append(int(doc["baseTimeNanoseconds"]))
+        spans.append(sorted((e["ts"], e["dur"]) for e in doc["traceEvents"]
+                            if e.get("ph") == "X" and e.get("name", "").startswith("commprobe/comm/ep/all_to_all/")))
+    assert len(spans[0]) == len(spans[1]) > 0
+    shift = (bases[1] - bases[0]) / 1e3
+    transfer = wait = 0.0
+    for (s0, d0), (s1, d1) in zip(*spans):
+        t = d0 if s0 > s1 + shift else d1
+        transfer += t
+        wait += (max(0.0, d0 - t) + max(0.0, d1 - t)) / 2
+    return transfer, wait
 
 
 def test_the_report_and_the_terminal_show_the_matrix(tmp_path):
@@ -273,3 +302,21 @@ def test_a_group_rank_several_groups_hold_is_named_as_a_group_rank():
     assert t["ranks"] == [None, None] and t["hot_rank"] is None and t["skew"].startswith("group rank 1 receives")
     judge(t, {"wait_caused_by": {"2": 0.9}, "wait_share": 0.5, "transfer_share": 0.1})
     assert t["finding"] is None and "cannot be told" in t["note"]
+
+
+def test_the_time_split_of_known_calls():
+    """Three ranks; ranks 0 and 2 dispatch 30 bytes each to rank 1 (global rank 11), which sends
+    them back. As routed, rank 1 moves 60 bytes; routed evenly, the busiest rank moves 20: each call
+    could save at most 2/3 of its 90 µs transfer. The first call waits for rank 11 (mean wait 4 µs),
+    the second for rank 10 (1 µs)."""
+    from commprobe.analyzers.cross_rank.traffic import time_split
+
+    m = [[0, 30, 0], [0, 0, 0], [0, 30, 0]]
+    back = [list(r) for r in zip(*m)]
+    times = [{"transfer": 90.0, "last": 11, "wait": {10: 5.0, 11: 0.0, 12: 7.0}},
+             {"transfer": 90.0, "last": 10, "wait": {10: 0.0, 11: 3.0, 12: 0.0}}]
+    t = time_split([m, back], [False, True], times, hot=[11])
+    assert t["calls"] == 2 and t["transfer_us"] == 180.0 and t["wait_us"] == 5.0 and t["wait_for_hot_us"] == 4.0
+    assert t["extra_bytes_us_at_most"] == pytest.approx(120.0)
+    even = [[10, 10, 10], [10, 10, 10], [10, 10, 10]]  # already even: nothing to save
+    assert time_split([even], [False], times[:1], hot=[11])["extra_bytes_us_at_most"] == 0.0

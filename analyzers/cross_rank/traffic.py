@@ -18,6 +18,8 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
+import numpy as np
+
 from ..per_rank.attribution import MAX_WINDOWS
 
 # Routing skew: the busiest receiver of the dispatches gets this much over the mean. It is named as
@@ -37,22 +39,24 @@ def _placed(members: list[tuple[int, dict]], size: int) -> dict[int, int] | None
     return None
 
 
-def phase_traffic(per_rank: dict[int, dict], phase: str, routed: dict | None = None) -> dict | None:
-    """The phase's all-to-all traffic (the busiest group, by bytes), or None without all-to-all calls."""
+def phase_traffic(per_rank: dict[int, dict], phase: str, routed: dict | None = None,
+                  times: dict[str, dict[int, dict]] | None = None) -> dict | None:
+    """The phase's all-to-all traffic (the busiest group, by bytes), or None without all-to-all calls.
+    `times`: call_times, for the split of the calls' time (time_split)."""
     groups: dict[str, list[tuple[int, dict]]] = {}
     for rank, t in sorted(per_rank.items()):
         for group, g in (t.get(phase) or {}).items():
             groups.setdefault(group, []).append((rank, g))
     if not groups:
         return None
-    out = [_group(name, members) for name, members in groups.items()]
+    out = [_group(name, members, (times or {}).get(name)) for name, members in groups.items()]
     best = max(out, key=lambda o: (sum(o.get("received") or [0]), o["calls"]))
     if routed:
         best["routed"] = routed
     return best
 
 
-def _group(name: str, members: list[tuple[int, dict]]) -> dict:
+def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | None = None) -> dict:
     calls = max(g["calls"] for _, g in members)
     unsized = max(g["unsized"] for _, g in members)
     base = {"group": name, "calls": calls, "unsized_calls": unsized, "rule": IMBALANCE_RULE}
@@ -121,8 +125,83 @@ def _group(name: str, members: list[tuple[int, dict]]) -> dict:
     who = f"rank {ranks[hot]}" if ranks[hot] is not None else f"group rank {hot}"
     res["skew"] = (f"{who} receives {imbalance:.2f}x the mean of the EP dispatch bytes"
                    if imbalance >= IMBALANCE_RULE["imbalance_at_least"] else None)
+    if times:
+        timed = [i for i in range(len(mats)) if keys[i] in times]
+        backs = {i + 1 for i in dispatch}
+        split = time_split([mats[i] for i in timed], [i in backs for i in timed], [times[keys[i]] for i in timed],
+                           holders[hot])
+        if split:
+            res["time"] = split
     res["finding"] = None  # named against the phase's waiting (judge), where the time says it costs
     return res
+
+
+# How much of the calls' transfer the skew's extra bytes can account for (time_split).
+EXTRA_BYTES_RULE = ("the same tokens routed evenly over the EP ranks (each sender's bytes spread evenly over the "
+                    "receivers; a combine, the transpose). A call moves at the pace of its busiest rank, the larger of "
+                    "the bytes it sends to and receives from the other ranks, so its transfer would shrink by 1 - "
+                    "busiest(even) / busiest(as routed). An upper bound: a call bound by latency rather than bandwidth "
+                    "loses less")
+
+
+def _busiest(m: list[list[float]]) -> float:
+    """The most bytes one rank sends to or receives from the other ranks (its own share stays local)."""
+    size = len(m)
+    sent = [sum(m[s][d] for d in range(size) if d != s) for s in range(size)]
+    got = [sum(m[s][d] for s in range(size) if s != d) for d in range(size)]
+    return max(max(sent), max(got))
+
+
+def _evened(m: list[list[int]], combine: bool) -> list[list[float]]:
+    """The call with its tokens routed evenly: a dispatch's rows (what each sender holds) spread over
+    every receiver; a combine's columns (what each rank gets back) gathered evenly from every sender."""
+    size = len(m)
+    if combine:
+        col = _received(m)
+        return [[col[d] / size for d in range(size)] for _ in range(size)]
+    return [[sum(row) / size] * size for row in m]
+
+
+def call_times(calls: dict, waits: dict) -> dict[str, dict[int, dict]]:
+    """Per all-to-all group and call k (the keys per_rank/traffic.py gives the sizes under): the
+    matched call's transfer (µs: the last arriver's time in it, the same for every rank), who
+    arrived last, and each rank's wait (cross_rank/matching.py). Unmatched calls are left out."""
+    out: dict[str, dict[int, dict]] = {}
+    for r, c in calls.items():
+        if r not in waits or not len(c):
+            continue
+        wait, transfer, last = waits[r][0], waits[r][1], waits[r][2]
+        for i in np.flatnonzero((c.op() == "all_to_all") & ~np.isnan(wait)).tolist():
+            group = c.pairs[int(c.pair[i])][0] or "all_to_all"
+            e = out.setdefault(group, {}).setdefault(int(c.k[i]), {"transfer": float(transfer[i]),
+                                                                     "last": int(last[i]), "wait": {}})
+            e["wait"][r] = float(wait[i])
+    return out
+
+
+def time_split(mats: list[list[list[int]]], combine: list[bool], times: list[dict], hot: list[int]) -> dict | None:
+    """The sized, matched calls' time per rank (µs, summed over the phase's calls, averaged over the
+    ranks): transfer, waiting, the waiting for a late hot rank (`hot`: the global ranks that hold
+    the hot group rank), and the part of the transfer that routing the same tokens evenly could
+    save at most (EXTRA_BYTES_RULE); `combine` marks the calls that send tokens back."""
+    if not times:
+        return None
+    transfer = wait = on_hot = extra = 0.0
+    per_call_extra = []
+    for m, back, t in zip(mats, combine, times):
+        n = len(t["wait"]) or 1
+        busiest = _busiest(m)
+        x = t["transfer"] * max(0.0, 1 - _busiest(_evened(m, back)) / busiest) if busiest else 0.0
+        transfer += t["transfer"]
+        extra += x
+        per_call_extra.append(x)
+        wait += sum(t["wait"].values()) / n
+        if t["last"] in hot:
+            on_hot += sum(t["wait"].values()) / n
+    return {"calls": len(times), "transfer_us": transfer, "wait_us": wait, "wait_for_hot_us": on_hot,
+            "extra_bytes_us_at_most": extra, "extra_bytes_rule": EXTRA_BYTES_RULE,
+            "extra_bytes_per_call_us": {"min": min(per_call_extra), "median": statistics.median(per_call_extra),
+                                        "max": max(per_call_extra)}}
 
 
 def _dispatches(mats: list[list[list[int]]]) -> list[int]:
@@ -190,31 +269,63 @@ def routed_of(timings: dict | None, ep: int) -> dict[str, dict]:
 
 
 def judge(t: dict, cause: dict | None) -> None:
-    """The finding, from the bytes' skew and the phase's waiting: the hot rank is what the others
-    wait for (routing makes the all-to-all slow), or the skew moves bytes without holding anyone up
-    (said in a note), or the phase's waiting cannot say (no cause split)."""
+    """The finding, from the bytes' skew and the waiting: the hot rank is what the others wait for
+    (routing makes the all-to-all slow), or the skew moves bytes without holding anyone up (said in
+    a note), or the waiting cannot say. The best evidence there is decides, and is named: the
+    all-to-all calls' own waits (time_split) where they were matched across ranks, else the
+    phase's waiting over every collective (cross_rank/cause.py)."""
     if not t.get("skew"):
         return
     hot = t.get("hot_rank")
+    split = t.get("time")
     caused = (cause or {}).get("wait_caused_by") or {}
-    if hot is None or not caused:
+    if split and (split["wait_us"] > 0 or split["transfer_us"] > 0):
+        share = split["wait_for_hot_us"] / split["wait_us"] if split["wait_us"] > 0 else 0.0
+        waiting = split["wait_us"] >= split["transfer_us"]
+        t["judged_on"] = f"the {split['calls']} all-to-all calls' own waits, matched across ranks"
+        cost = (f"; per rank, of {split['transfer_us'] + split['wait_us']:.0f} µs in these calls, "
+                f"{split['wait_for_hot_us']:.0f} µs waiting for it and at most {split['extra_bytes_us_at_most']:.0f} µs "
+                "moving its extra bytes")
+        noise = ""
+    elif hot is None or not caused:
         _add_note(t, f"{t['skew']}; whether it holds the other ranks up cannot be told "
                      "(no waiting measured per rank, or the hot group rank is several ranks)")
         return
-    share = float(caused.get(str(hot), 0.0))
-    t["hot_rank_wait_share"] = share
-    waiting = (cause or {}).get("wait_share", 0.0) >= (cause or {}).get("transfer_share", 0.0)
-    if share >= IMBALANCE_RULE["hot_rank_wait_share_at_least"] and waiting:
+    else:
+        share = float(caused.get(str(hot), 0.0))
+        waiting = (cause or {}).get("wait_share", 0.0) >= (cause or {}).get("transfer_share", 0.0)
+        t["judged_on"] = "the phase's waiting over every collective (the all-to-all calls were not matched)"
+        cost = ""
         z = (cause or {}).get("culprit_z")
         noise = ("" if (cause or {}).get("culprit") == hot or z is None else
                  f"; by the waiting alone within the noise ({z:.1f} standard errors), the bytes say why")
-        t["finding"] = (f"{t['skew']}, and the others wait for it ({share:.0%} of the waiting{noise}): EP all-to-all "
-                        "is imbalance-bound by routing; rebalance or replicate its experts")
+    t["hot_rank_wait_share"] = share
+    if share >= IMBALANCE_RULE["hot_rank_wait_share_at_least"] and waiting:
+        t["finding"] = (f"{t['skew']}, and the others wait for it ({share:.0%} of the waiting{noise}{cost}): EP "
+                        "all-to-all is imbalance-bound by routing; rebalance or replicate its experts")
     else:
-        top = max(caused, key=lambda r: caused[r])
-        _add_note(t, f"{t['skew']}, but it caused {share:.0%} of the waiting (rank {top}: {caused[top]:.0%})"
-                     + ("" if waiting else ", and transfer outweighs waiting")
-                     + ": the routing skew is not what holds the all-to-all up here")
+        who = (f"rank {max(caused, key=lambda r: caused[r])}: {max(caused.values()):.0%}" if caused and not split
+               else None)
+        high = share >= IMBALANCE_RULE["hot_rank_wait_share_at_least"]
+        _add_note(t, f"{t['skew']}, {'and' if high else 'but'} it caused {share:.0%} of the waiting"
+                     + (f" ({who})" if who else "") + ("" if waiting else f"{', but' if high else ', and'} transfer "
+                                                       "outweighs waiting") + cost + ": " + _bound(split))
+
+
+def _bound(split: dict | None) -> str:
+    """What the skew can account for when the measured waiting does not make it the cause: where the
+    extra bytes' upper bound could tip it, that the trace cannot tell (bandwidth- or latency-bound)."""
+    if split:
+        total = split["transfer_us"] + split["wait_us"]
+        hot, most = split["wait_for_hot_us"], split["wait_for_hot_us"] + split["extra_bytes_us_at_most"]
+        if total > 0 and most >= 0.5 * total:
+            return (f"the skew accounts for {hot / total:.0%} of these calls' time as waiting and up to {most / total:.0%} "
+                    "with the extra bytes; which it is cannot be told from the trace (the extra bytes cost where the "
+                    "transfer is bound by bandwidth, little where by latency)")
+        if total > 0:
+            return (f"at most {most / total:.0%} of these calls' time is the skew's; the routing skew is not what "
+                    "holds the all-to-all up here")
+    return "the routing skew is not what holds the all-to-all up here"
 
 
 def _add_note(t: dict, text: str) -> None:
@@ -222,15 +333,16 @@ def _add_note(t: dict, text: str) -> None:
     t["note"] = f"{text}; {t['note']}" if t.get("note") else text
 
 
-def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None, ep: int = 0) -> dict[str, dict]:
-    """Each phase with all-to-all calls gains `all_to_all` (phase_traffic, judged against the phase's
-    waiting), with our router's counts where the bundle has them; a finding leads the phase's
-    recommendations. Returns per phase the group and each call's (match key, imbalance): the
+def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None, ep: int = 0,
+           times: dict[str, dict[int, dict]] | None = None) -> dict[str, dict]:
+    """Each phase with all-to-all calls gains `all_to_all` (phase_traffic, judged against the
+    waiting), with our router's counts where the bundle has them and, from `times` (call_times),
+    the split of the calls' time; a finding leads the phase's recommendations. Returns per phase the group and each call's (match key, imbalance): the
     Perfetto export's counter track."""
     routed = routed_of(timings, ep) if ep > 1 else {}
     series: dict[str, dict] = {}
     for phase, doc in phases.items():
-        t = phase_traffic(per_rank, phase, routed.get(phase))
+        t = phase_traffic(per_rank, phase, routed.get(phase), times)
         if t is None:
             continue
         if t.get("_series"):
