@@ -320,3 +320,23 @@ def test_the_time_split_of_known_calls():
     assert t["extra_bytes_us_at_most"] == pytest.approx(120.0)
     even = [[10, 10, 10], [10, 10, 10], [10, 10, 10]]  # already even: nothing to save
     assert time_split([even], [False], times[:1], hot=[11])["extra_bytes_us_at_most"] == 0.0
+
+
+def test_the_matrix_of_many_random_calls_is_their_sum():
+    """Arrays in, as the per-rank map ships them: 6 ranks, 40 random calls, ranks listing their calls
+    in different orders and rank 5 missing one call (left out of every matrix)."""
+    import numpy as np
+
+    from commprobe.analyzers.cross_rank.traffic import phase_traffic
+
+    rng = np.random.default_rng(7)
+    m = rng.integers(0, 1000, (40, 6, 6))
+    per_rank = {}
+    for r in range(6):
+        order = rng.permutation(40) if r != 5 else np.arange(1, 40)
+        per_rank[r] = {"decode": {"ep": {"grank": r, "calls": len(order), "unsized": 0, "k": order,
+                                         "send": m[order, r, :], "recv": m[order, :, r]}}}
+    t = phase_traffic(per_rank, "decode")
+    assert t["consistent"] and t["sized_calls"] == 39 and t["matrix"] == m[1:].sum(axis=0).tolist()
+    cols = m[1:].sum(axis=1)
+    assert t["per_call"]["max"] == pytest.approx(float((cols.max(axis=1) / cols.mean(axis=1)).max()))

@@ -56,57 +56,71 @@ def phase_traffic(per_rank: dict[int, dict], phase: str, routed: dict | None = N
     return best
 
 
+def _rows(g: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A rank's sized calls as arrays: keys, and calls x group ranks sent and received; None where its
+    rows differ in length (no one group size)."""
+    k = np.asarray(g["k"], np.int64)
+    try:
+        send, recv = (np.asarray(g[x], np.int64).reshape(len(k), len(g[x][0])) for x in ("send", "recv"))
+    except (ValueError, IndexError):
+        return None
+    return k, send, recv
+
+
 def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | None = None) -> dict:
     calls = max(g["calls"] for _, g in members)
     unsized = max(g["unsized"] for _, g in members)
     base = {"group": name, "calls": calls, "unsized_calls": unsized, "rule": IMBALANCE_RULE}
-    sized = [(r, g) for r, g in members if g["send"]]
-    if not sized:
+    rows = {r: _rows(g) for r, g in members if len(g["send"])}
+    if not rows:
         return {**base, "sizes": "not recorded", "finding": None,
                 "note": f"{calls} all-to-all call(s) per rank carry no split sizes: who sends how much to whom "
                         "cannot be told (torch 2.x writes them with record_shapes=True, as the c10d op's "
                         "'Concrete Inputs'; commprobe's own spans always carry them)"}
-    size = Counter(len(g["send"][0]) for _, g in sized).most_common(1)[0][0]  # the group's size: most ranks say
-    odd = [r for r, g in sized if any(len(v) != size for v in g["send"] + g["recv"])]
-    sized = [(r, g) for r, g in sized if r not in odd]  # one group's matrix: rows of its own size only
+    sizes = Counter(x[1].shape[1] for x in rows.values() if x)
+    if not sizes:
+        return {**base, "sizes": "recorded", "finding": None, "note": "no rank's split sizes have one group size"}
+    size = sizes.most_common(1)[0][0]  # the group's size: as most ranks say
+    odd = sorted(r for r, x in rows.items() if not x or x[1].shape[1] != size or x[2].shape[1] != size)
+    sized = [(r, g) for r, g in members if r in rows and r not in odd]  # one group's matrix: its own size only
     place = _placed(sized, size)
     if place is None or any(not 0 <= v < size for v in place.values()):
         return {**base, "sizes": "recorded", "finding": None,
                 "note": "split sizes recorded, but which group rank each trace is cannot be told"}
-    by_k: dict[int, dict[int, tuple[list[int], list[int]]]] = {}
-    for r, g in sized:  # several groups of one axis (EP x TP) hold the same group ranks: summed
-        for k, send, recv in zip(g["k"], g["send"], g["recv"]):
-            row = by_k.setdefault(k, {})
-            old = row.get(place[r])
-            row[place[r]] = (send, recv) if old is None else ([a + b for a, b in zip(old[0], send)],
-                                                               [a + b for a, b in zip(old[1], recv)])
     holders = [[r for r, gr in place.items() if gr == i] for i in range(size)]
     ranks = [h[0] if len(h) == 1 else None for h in holders]  # a group rank several groups hold: no one rank
-    mats, keys, consistent = [], [], True
-    for k in sorted(by_k):
-        rows = by_k[k]
-        if len(rows) < size:
-            continue  # a call some rank's trace does not hold: no matrix of its own
-        m = [list(rows[s][0]) for s in range(size)]
-        consistent &= all(rows[d][1][s] == m[s][d] for s in range(size) for d in range(size))
-        mats.append(m)
-        keys.append(k)
+    # a call's matrix needs every group rank's row: keys some holder of each group rank has
+    held = [np.unique(np.concatenate([rows[r][0] for r in h])) if h else np.zeros(0, np.int64) for h in holders]
+    keys_a = held[0]
+    for h in held[1:]:
+        keys_a = np.intersect1d(keys_a, h)
     notes = [f"rank(s) {', '.join(map(str, odd))} record groups of another size: left out"] if odd else []
-    if not mats:
+    if not len(keys_a):
         return {**base, "sizes": "recorded", "finding": None,
                 "note": "; ".join(notes + [f"no call is held by every rank of the group ({sum(1 for h in holders if h)} "
                                            f"of {size} group ranks' traces here): no matrix can be built"])}
+    keys = keys_a.tolist()
+    # calls x sender x receiver (bytes), and the receivers' own view (calls x receiver x sender);
+    # several groups of one axis (EP x TP) that hold the same group ranks are summed
+    mats = np.zeros((len(keys), size, size), np.int64)
+    seen = np.zeros_like(mats)
+    for r, _ in sized:
+        k, send, recv = rows[r]
+        sel = np.isin(k, keys_a)
+        pos = np.searchsorted(keys_a, k[sel])
+        np.add.at(mats, (pos, place[r]), send[sel])
+        np.add.at(seen, (pos, place[r]), recv[sel])
+    consistent = bool((seen.transpose(0, 2, 1) == mats).all())
     dispatch = _dispatches(mats)
     picked = dispatch or list(range(len(mats)))
-    total = _sum(mats, range(len(mats)), size)
-    routed_m = _sum(mats, picked, size)
-    received = _received(routed_m)
+    routed_m = mats[picked].sum(axis=0)
+    received = routed_m.sum(axis=0).tolist()
     res = {**base, "sizes": "recorded", "size": size, "ranks": ranks,
            "groups_summed": len(place) // size if len(set(place.values())) < len(place) else 1,
-           "sized_calls": len(mats), "matrix": total, "consistent": consistent,
+           "sized_calls": len(mats), "matrix": mats.sum(axis=0).tolist(), "consistent": consistent,
            "dispatch_rule": ("calls followed by their own transpose (dispatch, then combine)" if dispatch
                              else "no call followed by its transpose: every call counted"),
-           "dispatch_calls": len(dispatch), "dispatch_matrix": routed_m if dispatch else None,
+           "dispatch_calls": len(dispatch), "dispatch_matrix": routed_m.tolist() if dispatch else None,
            "received": received}
     if not consistent:
         notes.append("senders' and receivers' sizes disagree (a trace cut short?): the matrix is the senders'")
@@ -117,9 +131,10 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
     mean = sum(received) / size
     hot = max(range(size), key=received.__getitem__)
     imbalance = received[hot] / mean
-    series = [(keys[i], _recv_imbalance(mats[i], size)) for i in picked if sum(map(sum, mats[i]))]
-    per_call = [x for _, x in series]
-    res["_series"] = series  # (match key, imbalance) per call, for the trace export; not in the JSON
+    cols = mats[picked].sum(axis=1)  # per picked call, what each receiver got
+    moved = cols.sum(axis=1) > 0
+    per_call = (cols.max(axis=1)[moved] / (cols.sum(axis=1)[moved] / size)).tolist()
+    res["_series"] = list(zip((keys[i] for i, m in zip(picked, moved) if m), per_call))  # for the trace export only
     res.update(imbalance=imbalance, cv=statistics.pstdev(received) / mean, hot_group_rank=hot, hot_rank=ranks[hot],
                per_call={"min": min(per_call), "median": statistics.median(per_call), "max": max(per_call)})
     who = f"rank {ranks[hot]}" if ranks[hot] is not None else f"group rank {hot}"
@@ -128,8 +143,7 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
     if times:
         timed = [i for i in range(len(mats)) if keys[i] in times]
         backs = {i + 1 for i in dispatch}
-        split = time_split([mats[i] for i in timed], [i in backs for i in timed], [times[keys[i]] for i in timed],
-                           holders[hot])
+        split = time_split(mats[timed], [i in backs for i in timed], [times[keys[i]] for i in timed], holders[hot])
         if split:
             res["time"] = split
     res["finding"] = None  # named against the phase's waiting (judge), where the time says it costs
@@ -144,22 +158,21 @@ EXTRA_BYTES_RULE = ("the same tokens routed evenly over the EP ranks (each sende
                     "loses less")
 
 
-def _busiest(m: list[list[float]]) -> float:
-    """The most bytes one rank sends to or receives from the other ranks (its own share stays local)."""
-    size = len(m)
-    sent = [sum(m[s][d] for d in range(size) if d != s) for s in range(size)]
-    got = [sum(m[s][d] for s in range(size) if s != d) for d in range(size)]
-    return max(max(sent), max(got))
+def _moved(mats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per call and rank: the bytes sent to and received from the other ranks (its own share stays local)."""
+    off = mats * (1 - np.eye(mats.shape[1], dtype=mats.dtype))
+    return off.sum(axis=2), off.sum(axis=1)
 
 
-def _evened(m: list[list[int]], combine: bool) -> list[list[float]]:
-    """The call with its tokens routed evenly: a dispatch's rows (what each sender holds) spread over
-    every receiver; a combine's columns (what each rank gets back) gathered evenly from every sender."""
-    size = len(m)
-    if combine:
-        col = _received(m)
-        return [[col[d] / size for d in range(size)] for _ in range(size)]
-    return [[sum(row) / size] * size for row in m]
+def _evened_moved(mats: np.ndarray, combine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_moved of each call with its tokens routed evenly: a dispatch's rows (what each sender holds)
+    spread over every receiver; a combine's columns (what each rank gets back) gathered evenly from
+    every sender."""
+    size = mats.shape[1]
+    held = np.where(combine[:, None], mats.sum(axis=1), mats.sum(axis=2)).astype(float)  # per call, per rank
+    own = held * (size - 1) / size  # what a holder moves: all but its own share
+    other = (held.sum(axis=1, keepdims=True) - held) / size  # what a rank moves of the others' tokens
+    return np.where(combine[:, None], other, own), np.where(combine[:, None], own, other)
 
 
 def call_times(calls: dict, waits: dict) -> dict[str, dict[int, dict]]:
@@ -179,61 +192,41 @@ def call_times(calls: dict, waits: dict) -> dict[str, dict[int, dict]]:
     return out
 
 
-def time_split(mats: list[list[list[int]]], combine: list[bool], times: list[dict], hot: list[int]) -> dict | None:
+def time_split(mats, combine: list[bool], times: list[dict], hot: list[int]) -> dict | None:
     """The sized, matched calls' time per rank (µs, summed over the phase's calls, averaged over the
     ranks): transfer, waiting, the waiting for a late hot rank (`hot`: the global ranks that hold
     the hot group rank), and the part of the transfer that routing the same tokens evenly could
-    save at most (EXTRA_BYTES_RULE); `combine` marks the calls that send tokens back."""
+    save at most (EXTRA_BYTES_RULE). `mats`: calls x sender x receiver; `combine` marks the calls
+    that send tokens back."""
     if not times:
         return None
-    transfer = wait = on_hot = extra = 0.0
-    per_call_extra = []
-    for m, back, t in zip(mats, combine, times):
-        n = len(t["wait"]) or 1
-        busiest = _busiest(m)
-        x = t["transfer"] * max(0.0, 1 - _busiest(_evened(m, back)) / busiest) if busiest else 0.0
-        transfer += t["transfer"]
-        extra += x
-        per_call_extra.append(x)
-        wait += sum(t["wait"].values()) / n
-        if t["last"] in hot:
-            on_hot += sum(t["wait"].values()) / n
-    return {"calls": len(times), "transfer_us": transfer, "wait_us": wait, "wait_for_hot_us": on_hot,
-            "extra_bytes_us_at_most": extra, "extra_bytes_rule": EXTRA_BYTES_RULE,
-            "extra_bytes_per_call_us": {"min": min(per_call_extra), "median": statistics.median(per_call_extra),
-                                        "max": max(per_call_extra)}}
+    mats = np.asarray(mats, np.int64)
+    sent, got = _moved(mats)
+    busiest = np.maximum(sent.max(axis=1), got.max(axis=1)).astype(float)
+    es, eg = _evened_moved(mats, np.asarray(combine, bool))
+    even = np.maximum(es.max(axis=1), eg.max(axis=1))
+    transfer = np.array([t["transfer"] for t in times])
+    extra = np.where(busiest > 0, transfer * np.clip(1 - even / np.where(busiest > 0, busiest, 1), 0, None), 0.0)
+    wait = np.array([sum(t["wait"].values()) / (len(t["wait"]) or 1) for t in times])
+    on_hot = np.array([t["last"] in hot for t in times])
+    return {"calls": len(times), "transfer_us": float(transfer.sum()), "wait_us": float(wait.sum()),
+            "wait_for_hot_us": float(wait[on_hot].sum()), "extra_bytes_us_at_most": float(extra.sum()),
+            "extra_bytes_rule": EXTRA_BYTES_RULE,
+            "extra_bytes_per_call_us": {"min": float(extra.min()), "median": float(np.median(extra)),
+                                        "max": float(extra.max())}}
 
 
-def _dispatches(mats: list[list[list[int]]]) -> list[int]:
+def _dispatches(mats: np.ndarray) -> list[int]:
     """Indices of calls followed by their own transpose (a dispatch and its combine), in order."""
+    pair = (mats[1:] == mats[:-1].transpose(0, 2, 1)).all(axis=(1, 2)) & mats[:-1].any(axis=(1, 2))
     out, i = [], 0
     while i + 1 < len(mats):
-        a, b = mats[i], mats[i + 1]
-        if sum(map(sum, a)) and all(b[d][s] == a[s][d] for s in range(len(a)) for d in range(len(a))):
+        if pair[i]:
             out.append(i)
             i += 2
         else:
             i += 1
     return out
-
-
-def _sum(mats: list[list[list[int]]], idx, size: int) -> list[list[int]]:
-    out = [[0] * size for _ in range(size)]
-    for i in idx:
-        for s in range(size):
-            for d in range(size):
-                out[s][d] += mats[i][s][d]
-    return out
-
-
-def _received(m: list[list[int]]) -> list[int]:
-    """Bytes each receiver (column) gets."""
-    return [sum(row[d] for row in m) for d in range(len(m))]
-
-
-def _recv_imbalance(m: list[list[int]], size: int) -> float:
-    col = _received(m)
-    return max(col) / (sum(col) / size)
 
 
 def routed_summary(counts: list[list[int]] | None, ep: int) -> dict | None:

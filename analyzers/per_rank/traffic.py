@@ -133,4 +133,9 @@ def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]
         g["k"].append(int(calls.k[i]))
         g["send"].append(got[1])
         g["recv"].append(got[2])
+    for groups in out.values():  # calls x group ranks: one array each, cheap to ship and to line up
+        for g in groups.values():
+            g["k"] = np.asarray(g["k"], np.int64)
+            width = len(g["send"][0]) if g["send"] else 0
+            g["send"], g["recv"] = (np.asarray(g[x], np.int64).reshape(len(g["k"]), width) for x in ("send", "recv"))
     return out
