@@ -340,3 +340,25 @@ def test_the_matrix_of_many_random_calls_is_their_sum():
     assert t["consistent"] and t["sized_calls"] == 39 and t["matrix"] == m[1:].sum(axis=0).tolist()
     cols = m[1:].sum(axis=1)
     assert t["per_call"]["max"] == pytest.approx(float((cols.max(axis=1) / cols.mean(axis=1)).max()))
+
+
+def test_a_real_deepspeed_moe_trace_says_its_even_bytes_cannot_show_routing(real_traces):
+    """DeepSpeed-MoE's all-to-all pads every expert's buffer to capacity and splits it evenly: the
+    trace records the split lists empty. Counted from the raw events here: 8 such ops per rank, no
+    other all-to-all; the result says even splits, imbalance 1.0 by construction, no finding, and
+    why routing cannot show in those bytes."""
+    import gzip
+
+    from tests.conftest import invariant_violations
+
+    path = real_traces / "deepspeed-moe-cpu-ep2"
+    for r in (0, 1):
+        ev = [e for e in json.load(gzip.open(path / f"rank{r}.trace.json.gz"))["traceEvents"]
+              if e.get("name") == "c10d::alltoall_base_"]
+        assert len(ev) == 8 and all(e["args"]["Concrete Inputs"][3:5] == ["[]", "[]"] for e in ev)
+    res = analyze(path)
+    (t,) = [p["all_to_all"] for p in res["phases"].values() if p.get("all_to_all")]
+    assert t["sizes"] == "even splits" and t["even_calls"] == t["calls"] == 8 and t["unsized_calls"] == 0
+    assert t["imbalance"] == 1.0 and t["finding"] is None and t["skew"] is None and "matrix" not in t
+    assert "routing skew cannot show in the bytes" in t["note"]
+    assert invariant_violations(res, path) == []

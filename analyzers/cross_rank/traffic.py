@@ -72,6 +72,18 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
     unsized = max(g["unsized"] for _, g in members)
     base = {"group": name, "calls": calls, "unsized_calls": unsized, "rule": IMBALANCE_RULE}
     rows = {r: _rows(g) for r, g in members if len(g["send"])}
+    even = max(g.get("even", 0) for _, g in members)
+    if even:
+        base["even_calls"] = even
+    if not rows and even:
+        return {**base, "sizes": "even splits", "imbalance": 1.0, "skew": None, "finding": None,
+                "imbalance_rule": "even splits: every receiver gets the same bytes by construction",
+                "note": ("every all-to-all call splits its buffer" if even == calls else
+                         f"{even} of {calls} all-to-all calls split their buffers") + " "
+                        "evenly (no split sizes: a fixed-capacity dispatch, as DeepSpeed-MoE and GShard-style gates "
+                        "send): every rank receives the same bytes whatever the routing, so routing skew cannot show "
+                        "in the bytes; it shows as tokens dropped or padded at the experts' capacity, which the trace "
+                        "does not record"}
     if not rows:
         return {**base, "sizes": "not recorded", "finding": None,
                 "note": f"{calls} all-to-all call(s) per rank carry no split sizes: who sends how much to whom "
@@ -95,6 +107,8 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
     for h in held[1:]:
         keys_a = np.intersect1d(keys_a, h)
     notes = [f"rank(s) {', '.join(map(str, odd))} record groups of another size: left out"] if odd else []
+    if even:
+        notes.append(f"{even} call(s) split their buffers evenly (no split sizes): left out of the matrix")
     if not len(keys_a):
         return {**base, "sizes": "recorded", "finding": None,
                 "note": "; ".join(notes + [f"no call is held by every rank of the group ({sum(1 for h in holders if h)} "

@@ -9,7 +9,11 @@ Where the sizes come from, per call, the first that the trace records:
   input, pg, output_split_sizes, input_split_sizes, …)`) and "Input Dims"/"Input type" the row size;
 - NCCL's all-to-all as torch records it (record_param_comms and the kernel's args): "In split size"
   and "Out split size" (rows, a JSON string), "In/Out msg nelems" and "dtype" (torch's
-  ParamCommsUtils; an even split records "[]", which is no size).
+  ParamCommsUtils).
+An **even** call (the split lists recorded empty, "[]": `all_to_all_single` without split sizes,
+the fixed-capacity dispatch of DeepSpeed-MoE and GShard-style gates) sends every group rank the same
+share of its buffer: no matrix without the group's size, but every receiver gets the same bytes
+whatever the routing. It is counted as such (`even`), not as unsized.
 A call none of them describes counts as unsized: the phase then says how many calls the matrix
 leaves out, and a phase with no sized call has no matrix (sizes not recorded), never a guess.
 """
@@ -71,6 +75,15 @@ def c10d_splits(args: dict) -> tuple[list[int], list[int]] | None:
     return [x * row for x in in_rows], [x * row for x in out_rows]
 
 
+def even_split(args: dict) -> bool:
+    """Whether an all-to-all's recorded args say it splits evenly: torch's c10d op with both split
+    lists recorded empty and its tensors' shapes recorded, or NCCL's "In/Out split size" "[]"."""
+    concrete, dims = args.get("Concrete Inputs"), args.get("Input Dims")
+    if isinstance(concrete, list) and len(concrete) >= 5 and isinstance(dims, list) and len(dims) >= 2:
+        return concrete[3] == concrete[4] == "[]" and all(isinstance(d, list) and d for d in dims[:2])
+    return args.get("In split size") == args.get("Out split size") == "[]" and isinstance(args.get("In msg nelems"), int)
+
+
 def nccl_splits(args: dict) -> tuple[list[int], list[int]] | None:
     """(bytes sent to each group rank, bytes received from each) from NCCL's all-to-all args
     (record_param_comms or its kernel): "In/Out split size" in rows as a JSON string, the row's
@@ -122,9 +135,12 @@ def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]
         if got is None and c10d_args and ev in c10d_args:
             sr = c10d_splits(c10d_args[ev]) or nccl_splits(c10d_args[ev])
             got = (-1, *sr) if sr is not None else None
-        g = out.setdefault(phase, {}).setdefault(group, {"grank": None, "calls": 0, "unsized": 0, "k": [], "send": [],
-                                                          "recv": []})
+        g = out.setdefault(phase, {}).setdefault(group, {"grank": None, "calls": 0, "unsized": 0, "even": 0, "k": [],
+                                                          "send": [], "recv": []})
         g["calls"] += 1
+        if got is None and c10d_args and ev in c10d_args and even_split(c10d_args[ev]):
+            g["even"] += 1
+            continue
         if got is None or (g["send"] and len(got[1]) != len(g["send"][0])):
             g["unsized"] += 1
             continue
