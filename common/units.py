@@ -24,6 +24,11 @@ def human_size(n: int) -> str:
     return str(n)
 
 
+def message_size(n: int) -> str:
+    """A message size as people say it: bytes below a KiB (a tiny model's 512 B is not '0 KiB')."""
+    return f"{n} B" if n < 1024 else f"{n / 1024:g} KiB" if n < 1 << 20 else f"{n / (1 << 20):g} MiB"
+
+
 def parse_fraction(text: str, what: str, points: bool = False) -> float:
     """'10%' or '0.1' -> 0.1; with `points` also '5pp' -> 0.05 (percentage points of a share)."""
     t = text.strip().lower()

@@ -14,7 +14,7 @@ Classes (shares of the phase's exposed communication, averaged over ranks):
     mixed                neither                 inconclusive     under half the calls matched
                                                                   (one rank's trace, ranks missing)
 Causes, flagged only above a bar measured against this machine's run-to-run noise
-(`commprobe bench diagnosis`; README "How accurate is the verdict"):
+(`commprobe bench diagnosis`; docs/accuracy.md):
     skew           waiting >= SKEW_BAR of end-to-end time and one rank stands out as its cause (the
                    culprit, straggler.py: a lead over every other rank, beyond the noise); or, with no culprit, arrival jitter: waiting >= SPREAD_BAR,
                    >= 2/3 of the communication, and steady over the calls (coefficient of variation

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from commprobe.common.units import message_size
 from commprobe.common.vocab import AXIS_OF, COMM_CATS, WORK_CATEGORIES, Verdict
 from commprobe.common.vocab import CATEGORY_LABEL as LABEL
 
@@ -396,9 +397,8 @@ def recommend(phase, shares, idle, device, threshold, matched, buckets, provenan
             med = sorted(sizes, key=lambda b: -b["count"])[0]
             if med["bucket_bytes"] <= 1 << 20:
                 recs.append(f"TP allreduce{axis_note('tp_allreduce', provenance)} takes {tp:.0%} of {phase} with "
-                            f"≤{med['bucket_bytes'] // 1024} KiB messages "
-                            f"(median {med['median_us']:.0f} µs): small allreduces are latency-bound; "
-                            f"{remedies.small_allreduce(engine, device)}")
+                            f"≤{message_size(med['bucket_bytes'])} messages (median {med['median_us']:.0f} µs): "
+                            f"small allreduces are latency-bound; {remedies.small_allreduce(engine, device)}")
             else:
                 recs.append(f"TP allreduce{axis_note('tp_allreduce', provenance)} takes {tp:.0%} of {phase} at "
                             f"{med['bucket_bytes'] >> 20} MiB messages: use a "

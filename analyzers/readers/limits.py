@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - platforms without isal wheels
 # Peak memory per complete event over the whole analysis (columns, sorting, classification,
 # kernel-to-host-op links, attribution), interpreter aside: 115 B/event for plain events (5 M tiny
 # events, bench/hostile.py), ~320 B/event when every event is a communication kernel, its launch
-# or a host collective op (bench/sqlite_vs_json.py's trace). The README states the bound; the
+# or a host collective op (bench/sqlite_vs_json.py's trace). docs/robustness.md states the bound; the
 # scanner refuses a trace with more events than free memory holds at this rate.
 BYTES_PER_EVENT = 350
 

@@ -39,7 +39,7 @@ LAYOUTS: dict[str, tuple[dict, str, str]] = {
 LAYERS = 2  # tiny and moe-wide: a host stall is injected once per layer
 
 # cause -> COMMPROBE_FAULT spec, and per layout and backend its doses (below, low, high). Doses are
-# set from this machine's noise (README "How accurate is the verdict"): the low and high ones put
+# set from this machine's noise (docs/accuracy.md): the low and high ones put
 # the effect clear of what healthy runs show, the one below leaves it well under every bar.
 DOSES: dict[str, dict] = {
     "slow-rank": {"spec": "slow-rank:1@{}",  # % of the rank's own compute
