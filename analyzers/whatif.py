@@ -125,8 +125,8 @@ def predict(result: dict, path: str | Path, spec: str) -> dict:
         notes.append(f"the calibration measured {backend}'s calls, not what it costs outside them (its threads "
                      "competing with compute, its own events outside any call), so only the calls are predicted"
                      + (f": a run of this job under both backends (`profile --backend {h['own_backend']},{backend}`) "
-                        "measures the rest (here TP=2 gloo -> dda from a sweep alone read +63 % on TTIT, from such "
-                        "runs within 10 %)" if h["own_backend"] and backend in PROFILE_BACKENDS else ""))
+                        "measures the rest, which a backend whose threads compete with compute makes large "
+                        "(docs/prediction.md)" if h["own_backend"] and backend in PROFILE_BACKENDS else ""))
     return {"switch": {"what": what, "backend": backend}, "from": str(path), "own_backend": h["own_backend"],
             "calibration": h["calibration"], "rule": h["rule"], "notes": notes,
             "conditions_offset_us": h["conditions_offset_us"], "phases": phases}

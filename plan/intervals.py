@@ -32,7 +32,8 @@ RULE = (f"{LEVEL:.0%} prediction interval from the calibration's rounds: each ro
         "from the other rounds against its measured run of the other backend; the log errors' mean +- t x sd x "
         "sqrt(1 + 1/K)")
 THIN = ("no interval: the calibration holds no repeated rounds of this job under both backends, too thin to say "
-        "how far the prediction can be off (one run per backend missed TP=2 TTIT by +24 %, measured); "
+        "how far the prediction can be off (a single run per backend carries that run's noise into the prediction "
+        "unseen); "
         "`commprobe calibrate --backend {own},{target}` with this job's options runs them")
 
 
