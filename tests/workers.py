@@ -270,8 +270,9 @@ def dda_wait_modes_interrupted(modes: list[str], timeout: float, raising: bool) 
 
     from commprobe.collectives.dda import DDAComm
 
-    if not raising:
-        signal.signal(signal.SIGINT, lambda *_: None)
+    # Python's own handler, as a terminal's foreground job has it: a job started in the background of a
+    # non-interactive shell inherits SIGINT ignored, and Python then installs no handler at all
+    signal.signal(signal.SIGINT, signal.default_int_handler if raising else (lambda *_: None))
     comms = [DDAComm("tp", wait=m, timeout=timeout) for m in modes]
     if dist.get_rank() != 0:
         return []  # gone: rank 0's waits need nothing of it (a DDA wait reads flags, not the peer)
