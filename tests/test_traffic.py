@@ -362,3 +362,17 @@ def test_a_real_deepspeed_moe_trace_says_its_even_bytes_cannot_show_routing(real
     assert t["imbalance"] == 1.0 and t["finding"] is None and t["skew"] is None and "matrix" not in t
     assert "routing skew cannot show in the bytes" in t["note"]
     assert invariant_violations(res, path) == []
+
+
+def test_even_calls_beside_unsized_ones_say_no_imbalance():
+    """Even splits prove even bytes only for those calls: beside calls with no sizes at all, the phase's
+    imbalance cannot be told, and says both."""
+    from commprobe.analyzers.cross_rank.traffic import phase_traffic
+
+    doc = {"decode": {"ep": {"grank": None, "calls": 3, "unsized": 1, "even": 2, "k": [], "send": [], "recv": []}}}
+    t = phase_traffic({0: doc, 1: doc}, "decode")
+    assert t["sizes"] == "not recorded" and t.get("imbalance") is None and t["finding"] is None
+    assert "1 all-to-all call(s) per rank carry no split sizes" in t["note"] and "2 other(s) split" in t["note"]
+    only_even = {"decode": {"ep": {**doc["decode"]["ep"], "unsized": 0, "calls": 2}}}
+    t = phase_traffic({0: only_even, 1: only_even}, "decode")
+    assert t["sizes"] == "even splits" and t["imbalance"] == 1.0

@@ -75,7 +75,7 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
     even = max(g.get("even", 0) for _, g in members)
     if even:
         base["even_calls"] = even
-    if not rows and even:
+    if not rows and even and not unsized:
         return {**base, "sizes": "even splits", "imbalance": 1.0, "skew": None, "finding": None,
                 "imbalance_rule": "even splits: every receiver gets the same bytes by construction",
                 "note": ("every all-to-all call splits its buffer" if even == calls else
@@ -86,9 +86,10 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
                         "does not record"}
     if not rows:
         return {**base, "sizes": "not recorded", "finding": None,
-                "note": f"{calls} all-to-all call(s) per rank carry no split sizes: who sends how much to whom "
-                        "cannot be told (torch 2.x writes them with record_shapes=True, as the c10d op's "
-                        "'Concrete Inputs'; commprobe's own spans always carry them)"}
+                "note": f"{unsized or calls} all-to-all call(s) per rank carry no split sizes: who sends how much to "
+                        "whom cannot be told (torch 2.x writes them with record_shapes=True, as the c10d op's "
+                        "'Concrete Inputs'; commprobe's own spans always carry them)"
+                        + (f"; {even} other(s) split their buffers evenly" if even else "")}
     sizes = Counter(x[1].shape[1] for x in rows.values() if x)
     if not sizes:
         return {**base, "sizes": "recorded", "finding": None, "note": "no rank's split sizes have one group size"}
