@@ -6,8 +6,8 @@ receiver, bytes) is built from the senders' rows, checked against the receivers'
 
 Routing shows in the dispatch: the bytes an EP rank receives are the tokens routed to its experts.
 The combine sends them back (its matrix is the dispatch's transpose), so what a rank *receives* in
-the combine is how many tokens it holds, not how many its experts got. A call followed by its own
-transpose is taken as a dispatch (the rule is named in the result); the phase's imbalance is the
+the combine is how many tokens it holds, not how many its experts got. A call whose own transpose
+follows within a few calls is taken as a dispatch (the rule is named in the result); the phase's imbalance is the
 busiest receiver over the mean of the dispatches' summed matrix, or of every call's where no such
 pair is seen. The finding is named only from sizes the trace recorded (`IMBALANCE_RULE`); a phase
 whose all-to-all calls carry no sizes says so, and the verdict stands on timing alone.
@@ -126,15 +126,15 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
         np.add.at(mats, (pos, place[r]), send[sel])
         np.add.at(seen, (pos, place[r]), recv[sel])
     consistent = bool((seen.transpose(0, 2, 1) == mats).all())
-    dispatch = _dispatches(mats)
+    dispatch, combines = _dispatches(mats)
     picked = dispatch or list(range(len(mats)))
     routed_m = mats[picked].sum(axis=0)
     received = routed_m.sum(axis=0).tolist()
     res = {**base, "sizes": "recorded", "size": size, "ranks": ranks,
            "groups_summed": len(place) // size if len(set(place.values())) < len(place) else 1,
            "sized_calls": len(mats), "matrix": mats.sum(axis=0).tolist(), "consistent": consistent,
-           "dispatch_rule": ("calls followed by their own transpose (dispatch, then combine)" if dispatch
-                             else "no call followed by its transpose: every call counted"),
+           "dispatch_rule": (f"calls whose own transpose follows within {COMBINE_WITHIN} calls (dispatch, then "
+                             "combine)" if dispatch else "no call followed by its transpose: every call counted"),
            "dispatch_calls": len(dispatch), "dispatch_matrix": routed_m.tolist() if dispatch else None,
            "received": received}
     if not consistent:
@@ -157,7 +157,7 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
                    if imbalance >= IMBALANCE_RULE["imbalance_at_least"] else None)
     if times:
         timed = [i for i in range(len(mats)) if keys[i] in times]
-        backs = {i + 1 for i in dispatch}
+        backs = set(combines)
         split = time_split(mats[timed], [i in backs for i in timed], [times[keys[i]] for i in timed], holders[hot])
         if split:
             res["time"] = split
@@ -231,17 +231,31 @@ def time_split(mats, combine: list[bool], times: list[dict], hot: list[int]) -> 
                                         "max": float(extra.max())}}
 
 
-def _dispatches(mats: np.ndarray) -> list[int]:
-    """Indices of calls followed by their own transpose (a dispatch and its combine), in order."""
-    pair = (mats[1:] == mats[:-1].transpose(0, 2, 1)).all(axis=(1, 2)) & mats[:-1].any(axis=(1, 2))
-    out, i = [], 0
-    while i + 1 < len(mats):
-        if pair[i]:
+COMBINE_WITHIN = 3  # a dispatch's combine comes within this many calls (Megatron sends the probs between)
+
+
+def _dispatches(mats: np.ndarray) -> tuple[list[int], list[int]]:
+    """(dispatches, their combines): calls whose own transpose follows within COMBINE_WITHIN calls,
+    each combine used once. Megatron-Core's all-to-all dispatcher sends the tokens, then their probs
+    (same counts, another row size), and after the experts the tokens back: the probs call is
+    neither."""
+    n = len(mats)
+    moved = mats.any(axis=(1, 2))
+    tr = mats.transpose(0, 2, 1)
+    out, back, used = [], [], set()
+    for i in range(n):
+        if i in used or not moved[i]:
+            continue
+        # the next call first; further on only for a call that is not its own transpose (a symmetric
+        # exchange, such as every rank sending each the same counts, pairs with any later copy of it)
+        j = next((j for j in range(i + 1, min(n, i + 1 + COMBINE_WITHIN))
+                  if j not in used and np.array_equal(mats[j], tr[i])
+                  and (j == i + 1 or not np.array_equal(mats[i], tr[i]))), None)
+        if j is not None:
             out.append(i)
-            i += 2
-        else:
-            i += 1
-    return out
+            back.append(j)
+            used.update((i, j))
+    return out, back
 
 
 def routed_summary(counts: list[list[int]] | None, ep: int) -> dict | None:
