@@ -24,7 +24,7 @@ def _invariants():
     return inv
 
 
-FAST = ["--preset", "tiny", "--steps", "4", "--repeats", "2", "--prompt-len", "16", "--timeout", "25"]
+FAST = ["--preset", "tiny", "--steps", "4", "--repeats", "2", "--prompt-len", "16", "--timeout", "18"]
 
 
 def _line_of(path: Path, text: str, after: str | None = None) -> int:

@@ -93,9 +93,9 @@ def test_other_ranks_traces_are_kept_when_one_fails_at_the_end(tmp_path):
 
 def test_hanging_rank_is_timed_out_and_named(tmp_path):
     out = tmp_path / "run"
-    r = run_cli("profile", *FAST, "--out", str(out), "--timeout", "25", env={"COMMPROBE_FAULT": "hang:1"})
+    r = run_cli("profile", *FAST, "--out", str(out), "--timeout", "18", env={"COMMPROBE_FAULT": "hang:1"})
     assert r.returncode == 1, r.stderr
-    assert "rank 1 hung after 'building model' (timeout 25 s); rank 0 waiting at 'repeat 0 gloo'" in r.stderr
+    assert "rank 1 hung after 'building model' (timeout 18 s); rank 0 waiting at 'repeat 0 gloo'" in r.stderr
     assert _failed(out)["status"] == "failed"
 
 
