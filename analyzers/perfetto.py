@@ -41,6 +41,7 @@ from .per_rank import intervals as iv
 from .per_rank.attribution import exposure
 from .per_rank.classify import CATEGORIES, COMM_CODES, MEMCPY, classify, load_rules
 from .per_rank.links import link_kernels_to_host_ops
+from .per_rank.traffic import a2a_group
 from .readers.coordinates import name_coordinates
 from .readers.coordinates import table as name_table
 from .readers.files import trace_files
@@ -168,7 +169,7 @@ def _imbalance(w: _Writer, r: int, calls, traffic: dict, offsets: dict, window: 
     dispatches', cross_rank/traffic.py), at the call's start on r, so the hot steps stand out."""
     if calls is None or not len(calls) or not traffic:
         return
-    at = {(calls.pairs[int(calls.pair[i])][0], int(calls.k[i])): float(calls.start[i]) - offsets.get(r, 0.0)
+    at = {(a2a_group(calls, i), int(calls.k[i])): float(calls.start[i]) - offsets.get(r, 0.0)
           for i in np.flatnonzero(calls.op() == "all_to_all").tolist()}  # (group, match key) -> start on r
     for phase, t in traffic.items():
         if window and phase != window:

@@ -21,6 +21,7 @@ from collections import Counter
 import numpy as np
 
 from ..per_rank.attribution import MAX_WINDOWS
+from ..per_rank.traffic import a2a_group
 
 # Routing skew: the busiest receiver of the dispatches gets this much over the mean. It is named as
 # what makes the all-to-all slow only where the hot rank also caused most of the phase's waiting
@@ -200,9 +201,8 @@ def call_times(calls: dict, waits: dict) -> dict[str, dict[int, dict]]:
             continue
         wait, transfer, last = waits[r][0], waits[r][1], waits[r][2]
         for i in np.flatnonzero((c.op() == "all_to_all") & ~np.isnan(wait)).tolist():
-            group = c.pairs[int(c.pair[i])][0] or "all_to_all"
-            e = out.setdefault(group, {}).setdefault(int(c.k[i]), {"transfer": float(transfer[i]),
-                                                                     "last": int(last[i]), "wait": {}})
+            e = out.setdefault(a2a_group(c, i), {}).setdefault(int(c.k[i]), {"transfer": float(transfer[i]),
+                                                                              "last": int(last[i]), "wait": {}})
             e["wait"][r] = float(wait[i])
     return out
 

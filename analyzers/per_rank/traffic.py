@@ -109,6 +109,12 @@ def nccl_splits(args: dict) -> tuple[list[int], list[int]] | None:
     return (send, recv) if len(send) == len(recv) else None
 
 
+def a2a_group(calls: Calls, i: int) -> str:
+    """The group an all-to-all call's traffic is kept under: its process group, or "all_to_all" where
+    the trace names none (the one key the per-rank rows, the cross-rank times and the Perfetto counter share)."""
+    return calls.pairs[int(calls.pair[i])][0] or "all_to_all"
+
+
 def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]]],
                  c10d_args: dict[int, dict] | None = None) -> dict:
     """Per phase and group: this rank's group rank (None: the source does not say), and for each
@@ -129,16 +135,16 @@ def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]
                       if (j := int(np.searchsorted(lo, start, "right")) - 1) >= 0 and start <= hi[j]), None)
         if phase is None:
             continue
-        group = calls.pairs[int(calls.pair[i])][0] or "all_to_all"
         ev = int(calls.event[i])
         got = own_span_splits(trace.names[trace.name_id[ev]])
-        if got is None and c10d_args and ev in c10d_args:
-            sr = c10d_splits(c10d_args[ev]) or nccl_splits(c10d_args[ev])
+        args = (c10d_args or {}).get(ev) if got is None else None
+        if args:
+            sr = c10d_splits(args) or nccl_splits(args)
             got = (-1, *sr) if sr is not None else None
-        g = out.setdefault(phase, {}).setdefault(group, {"grank": None, "calls": 0, "unsized": 0, "even": 0, "k": [],
-                                                          "send": [], "recv": []})
+        g = out.setdefault(phase, {}).setdefault(a2a_group(calls, i), {"grank": None, "calls": 0, "unsized": 0,
+                                                                      "even": 0, "k": [], "send": [], "recv": []})
         g["calls"] += 1
-        if got is None and c10d_args and ev in c10d_args and even_split(c10d_args[ev]):
+        if got is None and args and even_split(args):
             g["even"] += 1
             continue
         if got is None or (g["send"] and len(got[1]) != len(g["send"][0])):
