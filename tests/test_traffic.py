@@ -399,3 +399,19 @@ def test_a_real_megatron_moe_dispatcher_trace_gives_the_matrix_its_splits_say(re
     assert t["dispatch_calls"] == dispatches // 2 == 4 and t["received"] == received
     assert t["imbalance"] == pytest.approx(max(received) / (sum(received) / 2)) and t["hot_rank"] == 1
     assert t["skew"].startswith("rank 1 receives 1.71x") and t["time"]["calls"] == 12
+
+
+def test_a_group_too_large_for_every_calls_matrix_says_what_the_matrix_covers(monkeypatch):
+    """A thousand ranks would make each call's matrix a million pair sizes: the matrices are bounded
+    (MAX_MATRIX_CELLS), cover the first calls that fit, and say so."""
+    import numpy as np
+
+    from commprobe.analyzers.cross_rank import traffic
+
+    monkeypatch.setattr(traffic, "MAX_MATRIX_CELLS", 4 * 4 * 10)
+    m = np.random.default_rng(3).integers(0, 100, (25, 4, 4))
+    per_rank = {r: {"decode": {"ep": {"grank": r, "calls": 25, "unsized": 0, "k": np.arange(25),
+                                      "send": m[:, r, :], "recv": m[:, :, r]}}} for r in range(4)}
+    t = traffic.phase_traffic(per_rank, "decode")
+    assert t["sized_calls"] == 10 and t["matrix"] == m[:10].sum(axis=0).tolist()
+    assert "the matrices cover the first 10 of 25 calls" in t["note"]

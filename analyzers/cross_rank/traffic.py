@@ -27,6 +27,7 @@ from ..per_rank.traffic import a2a_group
 # what makes the all-to-all slow only where the hot rank also caused most of the phase's waiting
 # and waiting outweighs transfer there (the cause split of cross_rank/cause.py).
 IMBALANCE_RULE = {"imbalance_at_least": 1.25, "hot_rank_wait_share_at_least": 0.5}
+MAX_MATRIX_CELLS = 1 << 24  # the per-call matrices' integers held at once (128 MB each for them and their check)
 HOT_EXPERT = 1.5  # an expert routed this many times the mean count is named hot
 
 
@@ -115,6 +116,11 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
         return {**base, "sizes": "recorded", "finding": None,
                 "note": "; ".join(notes + [f"no call is held by every rank of the group ({sum(1 for h in holders if h)} "
                                            f"of {size} group ranks' traces here): no matrix can be built"])}
+    most = max(1, MAX_MATRIX_CELLS // (size * size))  # calls x size x size integers held at once
+    if len(keys_a) > most:
+        notes.append(f"the matrices cover the first {most} of {len(keys_a)} calls (a group of {size} ranks: "
+                     f"{MAX_MATRIX_CELLS:,} pair sizes held at most)")
+        keys_a = keys_a[:most]
     keys = keys_a.tolist()
     # calls x sender x receiver (bytes), and the receivers' own view (calls x receiver x sender);
     # several groups of one axis (EP x TP) that hold the same group ranks are summed
