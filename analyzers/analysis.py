@@ -60,6 +60,16 @@ def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None
     return read_series(f, origin_ns)
 
 
+def _host(path: Path, manifest: dict | None) -> dict | None:
+    """How contended the host was while the ranks ran (readers/telemetry.host_contention), or None."""
+    f = telemetry_path(path, manifest)
+    if f is None:
+        return None
+    from .readers.telemetry import host_contention
+
+    return host_contention(f)
+
+
 ALIGNMENTS = ("base", "collective-end")  # clocks: baseTimeNanoseconds, or the ends of matched collectives
 
 
@@ -153,7 +163,7 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
                      + "; ".join(f"{Path(d['file']).name} ({d['why']})" for d in other_docs))
     skipped += other_docs
     red = reduce_ranks(ranks, calls, origins, graphs, align=align, threshold=threshold, sweep=sweep,
-                       manifest=manifest, cal_source=cal_source)
+                       manifest=manifest, cal_source=cal_source, host=None if url else _host(path, manifest))
     origin = red.origin
     ep = int(((manifest or {}).get("world") or {}).get("ep") or 0) if isinstance(manifest, dict) else 0
     red.traffic = attach_traffic(red.phases, traffic, _timings(path) if ep > 1 and not url else None, ep,

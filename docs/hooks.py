@@ -30,6 +30,7 @@ def verdict_rules() -> str:
 
 def cause_bars() -> str:
     from commprobe.analyzers.cross_rank import cause
+    from commprobe.analyzers.readers import telemetry
 
     bars = [("DOMINATES", "a part (transfer or waiting) dominates the exposed communication from this share"),
             ("MIN_MATCHED", "below this share of calls matched across ranks, the class is inconclusive"),
@@ -40,6 +41,9 @@ def cause_bars() -> str:
             ("SLOW_BAR", "slow transfer also needs its excess to be this share of end-to-end time")]
     rows = ["| constant | value | meaning |", "|---|---|---|"]
     rows += [f"| `{n}` | {getattr(cause, n):.3g} | {m} |" for n, m in bars]
+    host = [("CONTENDED_CORES", "a host is contended from this many cores of other work while the ranks ran ..."),
+            ("SATURATED", "... with the host at least this share busy: then no slow transfer is named")]
+    rows += [f"| `{n}` | {getattr(telemetry, n):.3g} | {m} |" for n, m in host]
     return "\n".join(rows)
 
 

@@ -20,9 +20,13 @@ from pathlib import Path
 
 
 class HostSource:
-    """Per-core CPU utilization from /proc/stat deltas; RSS and context switches per rank process."""
+    """Per-core CPU utilization from /proc/stat deltas; RSS, context switches and CPU time per rank
+    process; and the host's cumulative busy and steal CPU time, so an analysis can tell how much
+    of the CPUs other work took while the ranks ran (analyzers/readers/telemetry.host_contention):
+    a contended host slows a CPU transport as much as a slower link would."""
 
     name = "host"
+    TICK_NS = 1_000_000_000 // (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
     def __init__(self, pids: Callable[[], dict[int, int]]):
         self._pids = pids
@@ -36,8 +40,25 @@ class HostSource:
                 if line.startswith("cpu") and line[3].isdigit():
                     v = [int(x) for x in line.split()[1:]]
                     idle = v[3] + (v[4] if len(v) > 4 else 0)
-                    out.append((sum(v), idle))
+                    out.append((sum(v[:8]), idle))
         return out
+
+    @classmethod
+    def _host_ns(cls) -> dict:
+        """The whole host's busy (not idle, not iowait; steal included) and steal CPU time, ns."""
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        busy = sum(v[:8]) - v[3] - (v[4] if len(v) > 4 else 0)
+        return {"cpu_busy_ns": busy * cls.TICK_NS, "cpu_steal_ns": (v[7] if len(v) > 7 else 0) * cls.TICK_NS}
+
+    @classmethod
+    def _proc_cpu_ns(cls, pid: int) -> int | None:
+        """A process's user + system CPU time over all its threads, ns (/proc/PID/stat fields 14, 15)."""
+        try:
+            rest = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            return (int(rest[11]) + int(rest[12])) * cls.TICK_NS
+        except (OSError, ValueError, IndexError):
+            return None
 
     def sample(self) -> dict:
         cur = self._cpu_times()
@@ -58,8 +79,11 @@ class HostSource:
                 "rss_bytes": int(fields.get("VmRSS", "0 kB").split()[0]) * 1024,
                 "ctx_voluntary": int(fields.get("voluntary_ctxt_switches", "0")),
                 "ctx_involuntary": int(fields.get("nonvoluntary_ctxt_switches", "0")),
+                "cpu_ns": self._proc_cpu_ns(pid),
             }
-        return {"cpu_util_pct": util, "ranks": ranks}
+        me = os.getpid()  # the sampling process (the launcher, or a rank under torchrun): not other work
+        return {"cpu_util_pct": util, "cores": len(cur), **self._host_ns(), "ranks": ranks,
+                "sampler": {"pid": me, "cpu_ns": self._proc_cpu_ns(me)}}
 
 
 class NvmlSource:

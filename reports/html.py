@@ -12,21 +12,21 @@ import json
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from .traffic_figure import traffic_figures, traffic_section
-
 from commprobe.common.vocab import WORK_CATEGORIES
 
 from .sections import (
     COLORS,
     add_segment_bars,
+    cause_section,
     comparison_section,
     engine_phases_section,
     hang_section,
+    headroom_section,
     timelines_figure,
 )
 from .sections import esc as _esc
-from .sections import cause_section, headroom_section
 from .sections import verdict_class as _verdict_class
+from .traffic_figure import traffic_figures, traffic_section
 
 CATS = WORK_CATEGORIES
 

@@ -393,14 +393,17 @@ def render_diagnosis(res: dict, console: Console) -> None:
     """`commprobe bench diagnosis`: every case, the confusion matrix, accuracy, time found vs
     injected and the smallest dose detected per cause."""
     t = Table(title="Cases (expected cause/culprit → given; verdict of the scored phase)")
-    for col in ("", "layout", "backend", "fault", "dose", "expected", "given", "verdict"):
+    for col in ("", "layout", "backend", "fault", "dose", "expected", "given", "verdict", "other work"):
         t.add_column(col, no_wrap=col != "verdict")
     for c in res["cases"]:
         exp = c["expect"] + (f" r{c['culprit']}" if c["culprit"] is not None else "")
         got = c["given"] + (f" r{c['given_culprit']}" if c["given_culprit"] is not None else "")
+        other = (c.get("numbers") or {}).get("other_cores")
         t.add_row("ok" if c["right"] else "[red]WRONG[/]", c["layout"], c["backend"], escape(c["spec"] or "healthy"),
-                  c["dose_name"], exp, got, escape(c["verdict"]))
+                  c["dose_name"], exp, got, escape(c["verdict"]), "–" if other is None else f"{other:.2f} cores")
     console.print(t)
+    console.print("other work: CPU cores other processes (and the hypervisor's steal) took while the case ran; "
+                  "on a contended host no slower transport is named", highlight=False)
     labels = list(res["matrix"])
     m = Table(title="Confusion matrix: expected (rows) vs given (columns)")
     m.add_column("expected \\ given")

@@ -216,7 +216,8 @@ def _tenth(hist: dict[int, int]) -> float | None:
     return None
 
 
-def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | None = None) -> dict:
+def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | None = None,
+         host: dict | None = None) -> dict:
     """Numbers and class for the phase's communication in `cats` (one category, or all)."""
     n = len(rows)
     e2e = sum(r["phases"][phase]["e2e_us"] / max(1, r["phases"][phase]["windows"]) for r in rows) / n
@@ -284,7 +285,10 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
         if (ws >= SKEW_BAR if culprit is not None else ws >= SPREAD_BAR and cls == "skew-dominated" and steady):
             causes.append({"cause": "skew", "rank": culprit, "share": ws, "us_per_window": wait})
         if calibrated(baseline) and floor_ratio is not None and floor_ratio >= SLOW_RATIO and excess / e2e >= SLOW_BAR:
-            causes.append({"cause": "slow-transfer", "share": excess / e2e, "us_per_window": excess, "ratio": ratio})
+            if (host or {}).get("contended"):  # a busy host slows a CPU transport as a slower link would
+                out["slow_transfer_withheld"] = {"share": excess / e2e, "ratio": ratio, "floor_ratio": floor_ratio}
+            else:
+                causes.append({"cause": "slow-transfer", "share": excess / e2e, "us_per_window": excess, "ratio": ratio})
     causes.sort(key=lambda c: -c["share"])
     out["causes"] = causes
     if culprit is not None:
@@ -292,14 +296,15 @@ def _one(rows: list[dict], phase: str, cats: tuple[str, ...], baseline: dict | N
     return out
 
 
-def diagnose(rows: list[dict], phase: str, baseline: dict | None) -> dict:
+def diagnose(rows: list[dict], phase: str, baseline: dict | None, host: dict | None = None) -> dict:
     """The phase's communication cause: over all its communication, and per category that has
-    time (each category is one axis's groups)."""
-    out = _one(rows, phase, COMM_CATS, baseline)
+    time (each category is one axis's groups). `host`: how contended the host was while the ranks
+    ran (readers/telemetry.host_contention); on a contended host no slower transport is named."""
+    out = _one(rows, phase, COMM_CATS, baseline, host)
     by = {}
     for c in COMM_CATS:
         if any(r["phases"][phase]["categories"][c]["exposed_us"] > 0 for r in rows):
-            one = _one(rows, phase, (c,), baseline)
+            one = _one(rows, phase, (c,), baseline, host)
             by[c] = {k: v for k, v in one.items() if k != "e2e_us_per_window"}
     out["by_category"] = by
     for cause in out["causes"]:  # the axis a cause is on: the category with most of it
@@ -309,6 +314,9 @@ def diagnose(rows: list[dict], phase: str, baseline: dict | None) -> dict:
                 0.0, 1 - 1 / (by[c]["transfer_vs_baseline"] or 1e9))))
     out["cause"] = out["causes"][0]["cause"] if out["causes"] else "none"
     out["baseline"] = baseline or {}
+    if host is not None:
+        out["host"] = host
+        out["host_notes"] = host_notes(out, host)
     out["rule"] = (f"transfer = the last arriver's time in each matched call, waiting = the rest; class by share of "
                    f"exposed communication (≥ {DOMINATES:.0%} transfer or waiting dominates; under {MIN_MATCHED:.0%} "
                    f"of calls matched: inconclusive); skew flagged at ≥ {SKEW_BAR:.0%} of end-to-end time with one "
@@ -317,6 +325,28 @@ def diagnose(rows: list[dict], phase: str, baseline: dict | None) -> dict:
                    + (f"slow transfer where the fastest tenth of the calls is ≥ {SLOW_RATIO:.2g}× the calibration's "
                       f"fastest tenth and the excess ≥ {SLOW_BAR:.0%} of end-to-end time"
                       if calibrated(baseline) else "slow transfer not flagged: no calibration of this machine"))
+    return out
+
+
+def host_notes(d: dict, host: dict) -> list[str]:
+    """What a contended host leaves untold: a slower transport (withheld), and whether a late rank
+    was slow or waiting for a core."""
+    if not host.get("contended"):
+        return []
+    busy = (f"other work took {host['other_cores']:.2f} of the host's {host['cores']} cores while the ranks ran "
+            f"(the host {host['busy_cores'] / host['cores']:.0%} busy"
+            + (f", {host['steal_cores']:.2f} cores stolen by the hypervisor" if host["steal_cores"] >= 0.01 else "")
+            + ")")
+    out = []
+    w = d.get("slow_transfer_withheld")
+    if w:
+        out.append(f"transfer ran {w['ratio']:.1f}× the calibration ({w['floor_ratio']:.1f}× at its fastest tenth), "
+                   f"but {busy}: a slower transport cannot be told from a contended host, so none is named; profile "
+                   f"again with the host to itself")
+    if any(c["cause"] == "skew" for c in d["causes"]):
+        out.append(f"{busy}: a late rank may have been waiting for a core rather than slow itself")
+    elif not w:
+        out.append(f"{busy}: every time measured here includes waiting for a core")
     return out
 
 

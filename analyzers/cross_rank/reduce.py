@@ -42,8 +42,10 @@ class Reduced:
 
 
 def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *, align: str, threshold: float,
-                 sweep: list[dict] | None, manifest: dict | None, cal_source: str | None) -> Reduced:
-    """One clock, matching, waits per phase, straggler, verdicts and headroom, over every rank."""
+                 sweep: list[dict] | None, manifest: dict | None, cal_source: str | None,
+                 host: dict | None = None) -> Reduced:
+    """One clock, matching, waits per phase, straggler, verdicts and headroom, over every rank.
+    `host`: how contended the host was while the ranks ran (readers/telemetry.host_contention)."""
     origin = min(origins.values())
     for r, cs in calls.items():  # one clock for the run: the earliest rank's base
         shift = (origins[r] - origin) / 1000.0
@@ -69,7 +71,7 @@ def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *,
     buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
     axes = _provenance(calls, field=1)
-    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline)
+    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline, host)
     room = None
     if sweep:
         outside = headroom.median_per_run(sweep, "outside_us_per_window")

@@ -288,10 +288,10 @@ def copy_direction_of(rows: list[dict]) -> str:
 
 def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict],
                   provenance: dict | None = None, graphs: dict | None = None, axes: dict | None = None,
-                  baseline: dict | None = None) -> dict:
+                  baseline: dict | None = None, host: dict | None = None) -> dict:
     """Per phase: its shares over the ranks, the verdict of the first rule that holds, advice.
     `axes`: per communication category, calls per axis (other communication may be DP);
-    `baseline`: how the zero-skew transfer times were found (cross_rank/cause.py)."""
+    `baseline`: how the zero-skew transfer times were found (cross_rank/cause.py); `host`: its contention."""
     provenance, graphs, axes = provenance or {}, graphs or {}, axes or {}
     out = {}
     names = sorted({p for r in ranks for p in r["phases"]},
@@ -315,7 +315,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         graph = _graph_state(graphs, rows)
         busy_us = sum(r["phases"][phase]["e2e_us"] - r["phases"][phase]["idle_us"] for r in rows) / max(
             1, sum(r["phases"][phase]["windows"] for r in rows))
-        diag = causes.diagnose(rows, phase, baseline) if comm_share > 0 else None
+        diag = causes.diagnose(rows, phase, baseline, host) if comm_share > 0 else None
         missing = [r for r in rows if r.get("device_missing")]
         missing_words = (f"{launch_words(missing[0]['device_missing'])} on rank {missing[0]['rank']}"
                          + (f", and {len(missing) - 1} more rank(s)" if len(missing) > 1 else "")) if missing else ""
@@ -327,7 +327,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         if way:
             summary = summary.replace("{copies}", way)
         notes = [summary] if verdict is Verdict.UNKNOWN else []  # why there is no verdict comes first
-        notes += ([] if device or missing else [HOST_ONLY]) + _window_notes(rows, phase)
+        notes += ([] if device or missing else [HOST_ONLY]) + _window_notes(rows, phase) + (diag or {}).get("host_notes", [])
         largest, largest_share = facts.largest()
         out[phase] = {
             "ranks": len(rows),

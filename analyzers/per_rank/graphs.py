@@ -14,7 +14,6 @@ import numpy as np
 from ..readers.model import Trace
 
 
-
 def _named(trace: Trace, low: list[str], *needles: str) -> np.ndarray:
     ids = [i for i, n in enumerate(low) if ("graph" in n or "capture" in n) and any(x in n for x in needles)]
     return np.flatnonzero(np.isin(trace.name_id, ids) & ~trace.is_device()) if ids else np.zeros(0, np.int64)

@@ -12,6 +12,11 @@ import json
 from pathlib import Path
 
 MAX_POINTS = 2000
+# A host is contended where other work took at least this many cores on average while the ranks ran
+# and the host had (nearly) no core free: runs of the reference model here measure 0.00-0.04 cores
+# of other work quiet, 0.67-0.74 beside one busy process (bench/RESULTS.md, "A contended host").
+CONTENDED_CORES = 0.1
+SATURATED = 0.9
 
 
 def _nums(xs) -> list:
@@ -94,3 +99,70 @@ def read_series(path: Path, origin_ns: int) -> dict:
             step = -(-k // MAX_POINTS)
             s["t_us"], s["v"] = s["t_us"][::step], s["v"][::step]
     return {"series": series, "samples": n, "errors": bad}
+
+
+def host_contention(path: Path) -> dict | None:
+    """How much of the host's CPUs other work took while every rank ran: over successive host
+    samples that list the same ranks with their CPU time, (the host's busy CPU time - the ranks' -
+    the sampler's) / elapsed, in cores, and the hypervisor's steal the same way. A contended host
+    slows a CPU transport (gloo, DDA on shared memory) and a rank's launches as a slower link or a
+    slow rank would, so the cause analysis reads this before naming either.
+
+    None where the samples do not carry the counters (older bundles, torchrun's per-rank files,
+    which each see one rank) or no interval has every rank."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    prev = None
+    elapsed = other = steal = busy = 0.0
+    worst = 0.0
+    intervals = 0
+    cores = None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        cur = _host_counters(rec)
+        if cur is None:
+            prev = None
+            continue
+        if prev is not None and cur["ranks"] == prev["ranks"] and cur["t"] > prev["t"]:
+            dt = cur["t"] - prev["t"]
+            o = max(0.0, (cur["busy"] - prev["busy"]) - (cur["own"] - prev["own"]))
+            elapsed, other, steal = elapsed + dt, other + o, steal + max(0.0, cur["steal"] - prev["steal"])
+            busy += max(0.0, cur["busy"] - prev["busy"])
+            worst = max(worst, o / dt)
+            intervals += 1
+        prev, cores = cur, cur["cores"]
+    if not intervals:
+        return None
+    out = {"other_cores": other / elapsed, "other_cores_max": worst, "steal_cores": steal / elapsed,
+           "busy_cores": busy / elapsed, "cores": cores, "seconds": elapsed / 1e9, "intervals": intervals}
+    out["contended"] = bool(cores) and out["other_cores"] >= CONTENDED_CORES and out["busy_cores"] >= SATURATED * cores
+    out["rule"] = (f"other work = (host busy CPU time - the ranks' - the sampler's) / elapsed, over the samples that "
+                   f"saw every rank (the hypervisor's steal is part of it); contended where it is >= "
+                   f"{CONTENDED_CORES:g} cores while the host was >= {SATURATED:.0%} busy: a rank then waits for a core")
+    return out
+
+
+def _host_counters(rec) -> dict | None:
+    """One host sample's cumulative counters, or None where it lacks any of them."""
+    if not isinstance(rec, dict) or rec.get("source") != "host":
+        return None
+    ranks = rec.get("ranks")
+    busy, st, t = rec.get("cpu_busy_ns"), rec.get("cpu_steal_ns"), rec.get("t_ns")
+    if not (isinstance(ranks, dict) and ranks and all(isinstance(x, int) for x in (busy, st, t))):
+        return None
+    own, pids = 0, set()
+    for d in ranks.values():
+        if not (isinstance(d, dict) and isinstance(d.get("cpu_ns"), int)):
+            return None
+        own += d["cpu_ns"]
+        pids.add(d.get("pid"))
+    s = rec.get("sampler")
+    if isinstance(s, dict) and isinstance(s.get("cpu_ns"), int) and s.get("pid") not in pids:
+        own += s["cpu_ns"]
+    return {"t": t, "busy": busy, "steal": st, "own": own, "ranks": frozenset(pids),
+            "cores": rec.get("cores") if isinstance(rec.get("cores"), int) else len(rec.get("cpu_util_pct") or [])}

@@ -188,7 +188,8 @@ def score(case: Case, res: dict, seconds: float) -> Outcome:
     category = top.get("category") if top else None
     right = given == case.expect and (given == "none" or (culprit == case.culprit and category == case.category))
     numbers = {k: c.get(k) for k in ("class", "transfer_share", "wait_share", "transfer_vs_baseline", "culprit",
-                                     "wait_caused_by")}
+                                     "wait_caused_by", "transfer_floor_vs_baseline")}
+    numbers["other_cores"] = (c.get("host") or {}).get("other_cores")  # other work on the host while it ran
     return Outcome(case, given, culprit, category, p["verdict"], p["summary"], right, seconds=seconds, numbers=numbers)
 
 
