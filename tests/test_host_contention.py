@@ -97,3 +97,12 @@ def test_a_real_profile_beside_a_busy_process_measures_the_other_work(tmp_path):
         spin.wait()
     h = host_contention(tmp_path / "run" / "telemetry.jsonl")
     assert h is not None and h["other_cores"] >= 0.3 and h["contended"], h
+
+
+def test_a_run_of_ours_already_on_dda_is_not_advised_dda():
+    """The contended run's small TP allreduces are latency-bound; it runs DDA already (its manifest),
+    so the advice is what is left (fewer calls, overlap), not `--backend dda`."""
+    res = analyze(RUNS / "contended")
+    assert res["manifest"]["backend"] in ("dda", ["dda"])
+    recs = [x for p in res["phases"].values() for x in p["recommendations"] if "small allreduces" in x]
+    assert recs and all("already uses DDA" in x and "--backend dda" not in x for x in recs)

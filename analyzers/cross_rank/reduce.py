@@ -71,7 +71,8 @@ def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *,
     buckets = matching.size_buckets(calls, waits)
     provenance = _provenance(calls)
     axes = _provenance(calls, field=1)
-    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline, host)
+    phases = phase_summary(ranks, threshold, matched, buckets, provenance, graphs, axes, baseline,
+                           {"host": host, "backend": cause.backend_of(manifest, [])})
     room = None
     if sweep:
         outside = headroom.median_per_run(sweep, "outside_us_per_window")

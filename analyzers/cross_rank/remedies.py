@@ -16,6 +16,12 @@ SMALL_ALLREDUCE = {
                          "read per peer",
     ("commprobe", False): "a one-shot DDA allreduce (commprobe --backend dda) replaces the ring's many hops with one "
                           "read per peer",
+    # a run of ours already on DDA: advising DDA would send the user to what they run
+    ("commprobe-dda", True): "this run already uses DDA's one-shot allreduce: what is left at these sizes is each "
+                             "call's fixed cost; make fewer calls (fuse a layer's allreduces) or overlap them with compute",
+    ("commprobe-dda", False): "this run already uses DDA's one-shot allreduce: what is left at these sizes is each "
+                              "call's fixed cost; make fewer calls (fuse a layer's allreduces) or overlap them with "
+                              "compute",
     # sgl-project/sglang python/sglang/srt/distributed/device_communicators/custom_all_reduce.py, pymscclpp.py;
     # server_args.py --disable-custom-all-reduce, --enable-mscclpp
     ("sglang", True): "keep SGLang's custom allreduce on (it is, unless --disable-custom-all-reduce) and, at 8 or 16 "
@@ -40,11 +46,13 @@ GENERIC_SMALL_ALLREDUCE = ("a one-shot allreduce (each rank reads every peer's b
                            "the ring's many hops")
 
 
-def engine_of(rows: list[dict]) -> str | None:
-    """The engine whose step markers chose the ranks' windows, where one did."""
+def engine_of(rows: list[dict], backend: str | None = None) -> str | None:
+    """The engine whose step markers chose the ranks' windows, where one did; our own runs on DDA
+    (`backend`, the bundle's) apart, as their remedy is not DDA."""
     rules = {(r.get("phase_rule") or {}).get("rule") for r in rows}
     engines = {ENGINE_OF_RULE.get(x) for x in rules}
-    return next(iter(engines)) if len(engines) == 1 else None
+    engine = next(iter(engines)) if len(engines) == 1 else None
+    return "commprobe-dda" if engine == "commprobe" and backend == "dda" else engine
 
 
 def small_allreduce(engine: str | None, device: bool) -> str:

@@ -288,10 +288,10 @@ def copy_direction_of(rows: list[dict]) -> str:
 
 def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: list[dict],
                   provenance: dict | None = None, graphs: dict | None = None, axes: dict | None = None,
-                  baseline: dict | None = None, host: dict | None = None) -> dict:
+                  baseline: dict | None = None, run: dict | None = None) -> dict:
     """Per phase: its shares over the ranks, the verdict of the first rule that holds, advice.
     `axes`: per communication category, calls per axis (other communication may be DP);
-    `baseline`: how the zero-skew transfer times were found (cross_rank/cause.py); `host`: its contention."""
+    `baseline`: how the zero-skew transfer times were found (cross_rank/cause.py); `run`: its backend, host."""
     provenance, graphs, axes = provenance or {}, graphs or {}, axes or {}
     out = {}
     names = sorted({p for r in ranks for p in r["phases"]},
@@ -315,7 +315,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
         graph = _graph_state(graphs, rows)
         busy_us = sum(r["phases"][phase]["e2e_us"] - r["phases"][phase]["idle_us"] for r in rows) / max(
             1, sum(r["phases"][phase]["windows"] for r in rows))
-        diag = causes.diagnose(rows, phase, baseline, host) if comm_share > 0 else None
+        diag = causes.diagnose(rows, phase, baseline, (run or {}).get("host")) if comm_share > 0 else None
         missing = [r for r in rows if r.get("device_missing")]
         missing_words = (f"{launch_words(missing[0]['device_missing'])} on rank {missing[0]['rank']}"
                          + (f", and {len(missing) - 1} more rank(s)" if len(missing) > 1 else "")) if missing else ""
@@ -351,7 +351,7 @@ def phase_summary(ranks: list[dict], threshold: float, matched: dict, buckets: l
             "communication_cause": diag,
             "recommendations": [] if verdict is Verdict.UNKNOWN else recommend(phase, shares, idle, device, threshold, matched, buckets,
                                                           provenance, graph, copies=way if verdict is Verdict.DATA_MOVEMENT
-                                                          else None, cause=diag, engine=remedies.engine_of(rows)),
+                                                          else None, cause=diag, engine=remedies.engine_of(rows, (run or {}).get("backend"))),
         }
     return out
 
