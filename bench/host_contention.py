@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="commprobe-contention-"))
+    print(f"runs in {root}", flush=True)
     _run("tp2", a.backend, None, root / "calibration", 120)
     rows = []
     for i in range(a.pairs):

@@ -45,11 +45,13 @@ class HostSource:
 
     @classmethod
     def _host_ns(cls) -> dict:
-        """The whole host's busy (not idle, not iowait; steal included) and steal CPU time, ns."""
+        """The whole host's busy (not idle, not iowait; steal included), interrupt (irq + softirq: no
+        process's own time, though the ranks' own loopback traffic makes some) and steal CPU time, ns."""
         with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        busy = sum(v[:8]) - v[3] - (v[4] if len(v) > 4 else 0)
-        return {"cpu_busy_ns": busy * cls.TICK_NS, "cpu_steal_ns": (v[7] if len(v) > 7 else 0) * cls.TICK_NS}
+            v = [int(x) for x in f.readline().split()[1:]] + [0] * 8
+        busy = sum(v[:8]) - v[3] - v[4]
+        return {"cpu_busy_ns": busy * cls.TICK_NS, "cpu_irq_ns": (v[5] + v[6]) * cls.TICK_NS,
+                "cpu_steal_ns": v[7] * cls.TICK_NS}
 
     @classmethod
     def _proc_cpu_ns(cls, pid: int) -> int | None:

@@ -18,15 +18,16 @@ RUNS = Path(__file__).parent / "data" / "runs" / "host-contention-tp2-dda"
 
 
 def _raw_other_cores(path: Path) -> float:
-    """Our own reading of the raw lines: (busy - ranks' CPU - the sampler's) over first..last sample."""
+    """Our own reading of the raw lines: (busy - interrupts - ranks' CPU - the sampler's) over the
+    first to the last sample."""
     recs = [json.loads(x) for x in path.read_text().splitlines()]
     recs = [r for r in recs if r.get("source") == "host" and r.get("ranks")]
     a, b = recs[0], recs[-1]
 
     def own(r):
-        return sum(d["cpu_ns"] for d in r["ranks"].values()) + r["sampler"]["cpu_ns"]
+        return sum(d["cpu_ns"] for d in r["ranks"].values()) + r["sampler"]["cpu_ns"] + r["cpu_irq_ns"]
 
-    return ((b["cpu_busy_ns"] - a["cpu_busy_ns"]) - (own(b) - own(a))) / (b["t_ns"] - a["t_ns"])
+    return max(0.0, (b["cpu_busy_ns"] - a["cpu_busy_ns"]) - (own(b) - own(a))) / (b["t_ns"] - a["t_ns"])
 
 
 def test_a_run_beside_a_busy_process_reads_contended_and_names_no_slower_transport():
@@ -41,7 +42,7 @@ def test_a_run_beside_a_busy_process_reads_contended_and_names_no_slower_transpo
     assert w["floor_ratio"] >= 2.0 and w["ratio"] > 10
     assert "slow-transfer" not in [x["cause"] for x in c["causes"]]
     notes = res["phases"]["decode"]["notes"]
-    assert any("cannot be told from a contended host" in n and "0.67 of the host's 2 cores" in n for n in notes)
+    assert any("cannot be told from a contended host" in n and f"{raw:.2f} of the host's 2 cores" in n for n in notes)
 
 
 def test_a_quiet_run_reads_uncontended_and_carries_no_host_note():
@@ -53,10 +54,10 @@ def test_a_quiet_run_reads_uncontended_and_carries_no_host_note():
     assert c["cause"] == "none"
 
 
-def _sample(t_s, busy_s, ranks_s, sampler_s=0.0, steal_s=0.0, pids=(10, 11)):
+def _sample(t_s, busy_s, ranks_s, sampler_s=0.0, steal_s=0.0, pids=(10, 11), irq_s=0.0):
     ns = 1_000_000_000
     return json.dumps({"t_ns": int(t_s * ns), "source": "host", "cpu_util_pct": [0.0] * 4, "cores": 4,
-                       "cpu_busy_ns": int(busy_s * ns), "cpu_steal_ns": int(steal_s * ns),
+                       "cpu_busy_ns": int(busy_s * ns), "cpu_steal_ns": int(steal_s * ns), "cpu_irq_ns": int(irq_s * ns),
                        "ranks": {str(i): {"pid": p, "cpu_ns": int(ranks_s / len(pids) * ns)} for i, p in enumerate(pids)},
                        "sampler": {"pid": 99, "cpu_ns": int(sampler_s * ns)}})
 
@@ -73,6 +74,17 @@ def test_contention_is_counted_over_intervals_that_saw_every_rank(tmp_path):
     assert h["busy_cores"] == pytest.approx(3.9) and h["contended"]  # 3.9 of 4 cores busy
     f.write_text("\n".join([_sample(0, 0, 0), _sample(1, 2.3, 2.0)]) + "\n")  # 0.3 cores of other work, 2 free
     assert not host_contention(f)["contended"]
+    # interrupts are no process's: left out; and tick noise (+-0.2 cores per 50 ms interval, summing to
+    # none) is not added up as other work by clipping each interval
+    f.write_text("\n".join([_sample(0, 0, 0), _sample(1, 4.0, 3.5, irq_s=0.5)]) + "\n")
+    assert host_contention(f)["other_cores"] == pytest.approx(0.0)
+    noisy, busy, ranks = [], 0.0, 0.0
+    for i in range(41):
+        noisy.append(_sample(i * 0.05, busy, ranks))
+        busy, ranks = busy + 0.2, ranks + 0.2 + (0.01 if i % 2 else -0.01)
+    f.write_text("\n".join(noisy) + "\n")
+    h = host_contention(f)
+    assert h["other_cores"] < 0.01 and h["other_cores_max"] < 0.05
 
 
 def test_older_telemetry_without_the_counters_tells_nothing(tmp_path):

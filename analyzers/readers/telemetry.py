@@ -17,6 +17,7 @@ MAX_POINTS = 2000
 # of other work quiet, 0.67-0.74 beside one busy process (bench/RESULTS.md, "A contended host").
 CONTENDED_CORES = 0.1
 SATURATED = 0.9
+CHUNK_NS = 1_000_000_000  # other_cores_max: over stretches of at least a second (the counters tick at 10 ms)
 
 
 def _nums(xs) -> list:
@@ -103,8 +104,10 @@ def read_series(path: Path, origin_ns: int) -> dict:
 
 def host_contention(path: Path) -> dict | None:
     """How much of the host's CPUs other work took while every rank ran: over successive host
-    samples that list the same ranks with their CPU time, (the host's busy CPU time - the ranks' -
-    the sampler's) / elapsed, in cores, and the hypervisor's steal the same way. A contended host
+    samples that list the same ranks with their CPU time, (the host's busy CPU time - its interrupt
+    time - the ranks' - the sampler's) / elapsed, in cores, and the hypervisor's steal the same way.
+    Interrupt time is no process's: the ranks' own loopback traffic (gloo's TCP) makes some of it, so
+    it is left out rather than counted as other work. A contended host
     slows a CPU transport (gloo, DDA on shared memory) and a rank's launches as a slower link or a
     slow rank would, so the cause analysis reads this before naming either.
 
@@ -116,7 +119,8 @@ def host_contention(path: Path) -> dict | None:
         return None
     prev = None
     elapsed = other = steal = busy = 0.0
-    worst = 0.0
+    chunk = [0.0, 0.0]  # elapsed, other work: the busiest stretch of at least CHUNK_NS
+    worst = None
     intervals = 0
     cores = None
     for line in lines:
@@ -129,20 +133,27 @@ def host_contention(path: Path) -> dict | None:
             prev = None
             continue
         if prev is not None and cur["ranks"] == prev["ranks"] and cur["t"] > prev["t"]:
+            # not clipped per interval: the counters tick at 10 ms, so a 50 ms interval reads +-20 % of a
+            # core either way, and clipping the negative ones would add that noise up as other work
             dt = cur["t"] - prev["t"]
-            o = max(0.0, (cur["busy"] - prev["busy"]) - (cur["own"] - prev["own"]))
+            o = (cur["busy"] - prev["busy"]) - (cur["irq"] - prev["irq"]) - (cur["own"] - prev["own"])
             elapsed, other, steal = elapsed + dt, other + o, steal + max(0.0, cur["steal"] - prev["steal"])
             busy += max(0.0, cur["busy"] - prev["busy"])
-            worst = max(worst, o / dt)
+            chunk = [chunk[0] + dt, chunk[1] + o]
+            if chunk[0] >= CHUNK_NS:
+                worst = max(worst or 0.0, chunk[1] / chunk[0])
+                chunk = [0.0, 0.0]
             intervals += 1
         prev, cores = cur, cur["cores"]
     if not intervals:
         return None
-    out = {"other_cores": other / elapsed, "other_cores_max": worst, "steal_cores": steal / elapsed,
-           "busy_cores": busy / elapsed, "cores": cores, "seconds": elapsed / 1e9, "intervals": intervals}
+    out = {"other_cores": max(0.0, other) / elapsed,
+           "other_cores_max": max(0.0, worst) if worst is not None else max(0.0, other) / elapsed,
+           "steal_cores": steal / elapsed, "busy_cores": busy / elapsed, "cores": cores, "seconds": elapsed / 1e9,
+           "intervals": intervals}
     out["contended"] = bool(cores) and out["other_cores"] >= CONTENDED_CORES and out["busy_cores"] >= SATURATED * cores
-    out["rule"] = (f"other work = (host busy CPU time - the ranks' - the sampler's) / elapsed, over the samples that "
-                   f"saw every rank (the hypervisor's steal is part of it); contended where it is >= "
+    out["rule"] = (f"other work = (host busy CPU time - interrupts' - the ranks' - the sampler's) / elapsed, over the "
+                   f"samples that saw every rank (the hypervisor's steal is part of it); contended where it is >= "
                    f"{CONTENDED_CORES:g} cores while the host was >= {SATURATED:.0%} busy: a rank then waits for a core")
     return out
 
@@ -164,5 +175,7 @@ def _host_counters(rec) -> dict | None:
     s = rec.get("sampler")
     if isinstance(s, dict) and isinstance(s.get("cpu_ns"), int) and s.get("pid") not in pids:
         own += s["cpu_ns"]
-    return {"t": t, "busy": busy, "steal": st, "own": own, "ranks": frozenset(pids),
+    irq = rec.get("cpu_irq_ns")
+    return {"t": t, "busy": busy, "steal": st, "irq": irq if isinstance(irq, int) else 0, "own": own,
+            "ranks": frozenset(pids),
             "cores": rec.get("cores") if isinstance(rec.get("cores"), int) else len(rec.get("cpu_util_pct") or [])}
