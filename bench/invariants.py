@@ -16,7 +16,8 @@ gzip) and must equal the reported share.
 
 Per matched collective (check_waits, over the calls and waits the analysis computed from): the
 rank named last is the last arriver by the time the analysis names (`collectives.arrival_rule`:
-the latest start on one clock, the shortest time in the call where the clocks are several), it
+the latest start on one clock, starts within the clock's resolution of it counting as one arrival
+of which the first to leave is named; the shortest time in the call where the clocks are several), it
 waited 0, and every rank's wait is its time in the call beyond the last arriver's, from that same
 time; the straggler, `times_last` and the caused waiting are those per-call facts summed.
 """
@@ -102,7 +103,7 @@ def check(result: dict, raw: Path | None = None) -> list[str]:
 
 def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
     """The straggler, the last arrivers and the waits agree, call by call (one time source)."""
-    from commprobe.analyzers.cross_rank.matching import CLOCK, _global_keys
+    from commprobe.analyzers.cross_rank.matching import CAUSALITY_TOL_US, CLOCK, _global_keys
 
     coll = result["collectives"]
     rule = coll.get("arrival_rule")
@@ -116,6 +117,10 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
     keys = _global_keys(calls)
     where = {r: {k: j for j, k in enumerate(keys[r].tolist())} for r in calls}
     offsets = {int(r): v for r, v in coll["offsets_us"].items()}
+    latest_by_key: dict[int, float] = {}
+    for q, c in calls.items():
+        for k, t in zip(keys[q].tolist(), (c.start - offsets.get(q, 0.0)).tolist()):
+            latest_by_key[k] = max(latest_by_key.get(k, t), t)
     last_count = {r: 0 for r in calls}
     caused = {r: 0.0 for r in calls}
     caused_in = {r: 0.0 for r in calls}
@@ -144,8 +149,14 @@ def check_waits(result: dict, calls: dict, waits: dict) -> list[str]:
                            f"{truth:.3f} µs")
             if rule == CLOCK:
                 mine, theirs = c.start[j] - offsets.get(r, 0.0), calls[lr].start[jl] - offsets.get(lr, 0.0)
-                if mine > theirs + 1e-6:
-                    bad.append(f"rank {r} call {j}: entered at {mine:.3f} µs, after rank {lr} named last ({theirs:.3f})")
+                # arrivals within the clock's resolution of the latest are one: the first of them to leave is last
+                latest = latest_by_key[int(keys[r][j])]
+                if theirs < latest - CAUSALITY_TOL_US - 1e-6:
+                    bad.append(f"rank {r} call {j}: rank {lr} named last entered at {theirs:.3f} µs, before the "
+                               f"latest arrival ({latest:.3f})")
+                elif mine >= latest - CAUSALITY_TOL_US and c.end[j] - offsets.get(r, 0.0) < \
+                        calls[lr].end[jl] - offsets.get(lr, 0.0) - 1e-6:
+                    bad.append(f"rank {r} call {j}: arrived with rank {lr} named last and left before it")
             elif dur[j] < dl - 1e-6:
                 bad.append(f"rank {r} call {j}: {dur[j]:.3f} µs in the call, shorter than rank {lr} named last "
                            f"({dl:.3f}), with arrival from durations")

@@ -188,7 +188,12 @@ def _carried_share(bundle, phase: str) -> float:
     assert len(calls) == 2 and len(calls[0]) == len(calls[1]) > 0
     wait = carried = 0.0
     for k in range(len(calls[0])):
-        last = 0 if calls[0][k][0] > calls[1][k][0] else 1  # the later arriver (the first of equal ones)
+        # the later arriver; arrivals within the clock's resolution (1 µs) are one, and of them the
+        # one that left first is taken as last (its time in the call is the transfer)
+        if abs(calls[0][k][0] - calls[1][k][0]) <= 1.0:
+            last = 0 if calls[0][k][1] <= calls[1][k][1] else 1
+        else:
+            last = 0 if calls[0][k][0] > calls[1][k][0] else 1
         t = calls[last][k][1] - calls[last][k][0]
         for r in (0, 1):
             s, e = calls[r][k]
