@@ -166,6 +166,8 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
                        manifest=manifest, cal_source=cal_source, host=None if url else _host(path, manifest))
     origin = red.origin
     ep = int(((manifest or {}).get("world") or {}).get("ep") or 0) if isinstance(manifest, dict) else 0
+    traffic = {r: {ph: {red.instances.get(r, {}).get(g, g): v for g, v in groups.items()} for ph, groups in t.items()}
+               for r, t in traffic.items()}  # the group instances the calls were matched under
     red.traffic = attach_traffic(red.phases, traffic, _timings(path) if ep > 1 and not url else None, ep,
                                  call_times(red.calls, red.waits) if any(traffic.values()) else None)
     return {

@@ -3,6 +3,12 @@
 Calls (per_rank/calls.py) are matched across ranks by their keys. For each matched call the rank
 that arrives last determines the transfer time (its own duration: it did not wait); every other
 rank's duration beyond that is waiting for the straggler, who is named.
+
+A key is one whole collective when as many ranks hold it as its group has members (`expected`):
+the group's recorded size, at most the ranks present (a world group of 8 seen on 2 ranks' traces
+pairs those 2), or every rank where no size is recorded. Several groups of one axis (TP pairs of a
+TP x EP job) are matched each within its own ranks; a key several groups share under one name
+(more holders than members) is left unmatched rather than paired across groups that never meet.
 """
 
 from __future__ import annotations
@@ -24,6 +30,19 @@ def _global_keys(calls_by_rank: dict[int, Calls]) -> dict[int, np.ndarray]:
         lut = np.array([table.setdefault(p, len(table)) for p in c.pairs], np.int64)
         out[r] = (lut[c.pair] << 32) + c.k if len(c) else np.zeros(0, np.int64)
     return out
+
+
+def _expected(key: np.ndarray, gsize: np.ndarray, nr: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(order, first, count, expected): the calls sorted by key (stable: rank order within a key),
+    where each key's run begins, how many calls hold it, and how many should: its recorded group
+    size (the largest its calls record) capped at the ranks present, or every rank without one."""
+    order = np.argsort(key, kind="stable")
+    first = group_starts(key[order])
+    count = np.diff(np.r_[first, len(key)])
+    if not len(first):
+        return order, first, count, count
+    gs = np.maximum.reduceat(gsize[order], first) if len(gsize) else np.zeros(len(first), np.int64)
+    return order, first, count, np.where(gs > 0, np.minimum(gs, nr), nr)
 
 
 def align_offsets(calls_by_rank: dict[int, Calls]) -> dict[int, float]:
@@ -93,13 +112,13 @@ def _out_of_order(calls_by_rank: dict[int, Calls], offsets: dict[int, float]) ->
     key = np.concatenate([keys[r] for r in ranks])
     start = np.concatenate([calls_by_rank[r].start - offsets.get(r, 0.0) for r in ranks])
     end = np.concatenate([calls_by_rank[r].end - offsets.get(r, 0.0) for r in ranks])
-    uniq, inv, count = np.unique(key, return_inverse=True, return_counts=True)
-    inv = inv.reshape(-1)
-    late = np.full(len(uniq), -np.inf)
-    early = np.full(len(uniq), np.inf)
-    np.maximum.at(late, inv, start)
-    np.minimum.at(early, inv, end)
-    full = count == len(ranks)
+    gsize = np.concatenate([calls_by_rank[r].group_size for r in ranks]).astype(np.int64)
+    order, first, count, expected = _expected(key, gsize, len(ranks))
+    if not len(first):
+        return 0, 0
+    late = np.maximum.reduceat(start[order], first)
+    early = np.minimum.reduceat(end[order], first)
+    full = (count == expected) & (count >= 2)
     return int((full & (early < late - CAUSALITY_TOL_US)).sum()), int(full.sum())
 
 
@@ -135,10 +154,9 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     rank_pos = np.concatenate([np.full(len(calls_by_rank[r]), i) for i, r in enumerate(ranks)]) if ranks else key
     start = np.concatenate([calls_by_rank[r].start - offsets.get(r, 0.0) for r in ranks]) if ranks else np.zeros(0)
     dur = np.concatenate([calls_by_rank[r].end - calls_by_rank[r].start for r in ranks]) if ranks else np.zeros(0)
-    order = np.argsort(key, kind="stable")  # members of a key in rank order
-    first = group_starts(key[order])
-    size = np.diff(np.r_[first, len(key)])
-    full = size == len(ranks) if len(ranks) >= 2 else np.zeros(len(first), bool)
+    gsize = np.concatenate([calls_by_rank[r].group_size for r in ranks]).astype(np.int64) if ranks else key
+    order, first, size, expected = _expected(key, gsize, len(ranks))  # members of a key in rank order
+    full = (size == expected) & (size >= 2)
     wait = np.full(len(key), np.nan)
     transfer = np.full(len(key), np.nan)
     held = np.full(len(key), np.nan)
@@ -149,8 +167,12 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
            "times_last": np.zeros(nr, np.int64), "caused_wait_us": np.zeros(nr), "held_us": np.zeros(nr),
            "carried_us": np.zeros(nr)}
     matched = int(full.sum())
-    if matched:
-        members = order[(first[full][:, None] + np.arange(nr)[None, :]).reshape(-1)].reshape(-1, nr)
+    member_calls = 0
+    per["caused_sq"] = np.zeros(nr)
+    for n in np.unique(size[full]).tolist():  # one pass per group size: members as a (calls x n) array
+        sel = full & (size == n)
+        members = order[(first[sel][:, None] + np.arange(n)[None, :]).reshape(-1)].reshape(-1, n)
+        member_calls += members.size
         if rule == CLOCK:
             # arrivals within the clock's resolution are one arrival (DDA's ranks, released together,
             # enter 0.01-0.1 µs apart, an order the profiler cannot tell): of them, the rank that left
@@ -161,34 +183,35 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
         else:
             pick = np.argmax(-dur[members], axis=1)
         last = members[np.arange(len(members)), pick]
-        t = np.repeat(dur[last], nr)
+        t = np.repeat(dur[last], n)
         m = members.reshape(-1)
         w = np.maximum(0.0, dur[m] - t)
         # after the last arriver had left: up to the wait before it, the waiter's wake-up lag (its
         # futex or poll backoff, the scheduler; measured up to a third of the wait), beyond, its own delay
-        late = np.clip(start[m] + dur[m] - np.repeat(start[last] + dur[last], nr), 0.0, w)
+        late = np.clip(start[m] + dur[m] - np.repeat(start[last] + dur[last], n), 0.0, w)
         h = np.maximum(0.0, 2 * late - w)  # late - (w - late): what the wait before it cannot explain
         if rule != CLOCK:  # exits on several clocks: neither can be told
             h = np.zeros_like(w)
         wait[m], transfer[m], held[m] = w, t, h
-        skew = _exit_skew(key, rank_pos, start + dur, np.repeat(rank_pos[last], nr), m)
+        skew = _exit_skew(key, rank_pos, start + dur, np.repeat(rank_pos[last], n), m)
         carried[m] = np.clip(np.nan_to_num(skew, nan=0.0), 0.0, w - h) if rule == CLOCK else 0.0
-        last_rank[m] = np.repeat(np.asarray(ranks, np.int64)[rank_pos[last]], nr)
-        per["transfer_us"] = np.bincount(rank_pos[m], dur[m] - w, nr)
-        per["wait_us"] = np.bincount(rank_pos[m], w, nr)
-        per["calls"] = np.bincount(rank_pos[m], minlength=nr)
-        per["times_last"] = np.bincount(rank_pos[last], minlength=nr)
-        per["held_us"] = np.bincount(rank_pos[m], h, nr)
-        per["carried_us"] = np.bincount(rank_pos[m], carried[m], nr)
-        per["caused_wait_us"] = np.bincount(np.repeat(rank_pos[last], nr), w - h, nr) + per["held_us"]
-        per["caused_sq"] = np.bincount(np.repeat(rank_pos[last], nr), (w - h) ** 2, nr) + np.bincount(rank_pos[m], h * h, nr)
+        last_rank[m] = np.repeat(np.asarray(ranks, np.int64)[rank_pos[last]], n)
+        by_last = np.repeat(rank_pos[last], n)
+        per["transfer_us"] += np.bincount(rank_pos[m], dur[m] - w, nr)
+        per["wait_us"] += np.bincount(rank_pos[m], w, nr)
+        per["calls"] += np.bincount(rank_pos[m], minlength=nr)
+        per["times_last"] += np.bincount(rank_pos[last], minlength=nr)
+        per["held_us"] += np.bincount(rank_pos[m], h, nr)
+        per["carried_us"] += np.bincount(rank_pos[m], carried[m], nr)
+        per["caused_wait_us"] += np.bincount(by_last, w - h, nr) + np.bincount(rank_pos[m], h, nr)
+        per["caused_sq"] += np.bincount(by_last, (w - h) ** 2, nr) + np.bincount(rank_pos[m], h * h, nr)
     rows = [{"rank": r, "transfer_us": float(per["transfer_us"][i]), "wait_us": float(per["wait_us"][i]),
              "calls": int(per["calls"][i]), "times_last": int(per["times_last"][i]),
              "caused_wait_us": float(per["caused_wait_us"][i]), "held_us": float(per["held_us"][i]),
              "carried_us": float(per["carried_us"][i])}
             for i, r in enumerate(ranks)]
     standing = stands_out({r: float(per["caused_wait_us"][i]) for i, r in enumerate(ranks)},
-                          {r: float(per["caused_sq"][i]) for i, r in enumerate(ranks)}, matched * nr) \
+                          {r: float(per["caused_sq"][i]) for i, r in enumerate(ranks)}, member_calls) \
         if matched else Standing(None, None, 0.0, None, None)
     bounds = np.cumsum([0] + [len(calls_by_rank[r]) for r in ranks])
     waits = {r: tuple(a[bounds[i]:bounds[i + 1]] for a in (wait, transfer, last_rank, held, carried))

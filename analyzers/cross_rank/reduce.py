@@ -39,6 +39,29 @@ class Reduced:
     offset: dict = field(default_factory=dict)
     own: str | None = None
     traffic: dict = field(default_factory=dict)  # per phase, each all-to-all call's imbalance (traffic.attach)
+    instances: dict = field(default_factory=dict)  # per rank, our spans' axis -> its group instance (group_instances)
+
+
+AXES = ("tp", "cp", "ep")  # our own spans name their group by the axis (per_rank/classify.py)
+
+
+def group_instances(calls: dict, manifest: dict | None) -> dict[int, dict[str, str]]:
+    """Per rank, the group our own spans name by its axis ("tp") -> the group instance it is ("tp
+    [0, 1]"), from the bundle's layout, where the axis has several groups (a TP x EP job's TP pairs):
+    without it their calls would share keys across groups that never meet. Renames `calls`' pairs."""
+    layout = ((manifest or {}).get("world") or {}).get("layout") if isinstance(manifest, dict) else None
+    world = len(layout) if isinstance(layout, list) else 0
+    out: dict[int, dict[str, str]] = {}
+    for row in layout if isinstance(layout, list) else []:
+        r = row.get("rank") if isinstance(row, dict) else None
+        if r not in calls:
+            continue
+        names = {a: f"{a} {sorted(g)}" for a in AXES if isinstance(g := row.get(f"{a}_group"), list)
+                 and 1 < len(g) < world and all(isinstance(x, int) for x in g)}
+        if names:
+            out[r] = names
+            calls[r].pairs = [(names.get(g, g), op) for g, op in calls[r].pairs]
+    return out
 
 
 def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *, align: str, threshold: float,
@@ -56,6 +79,7 @@ def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *,
         rk["windows"] = {ph: [[a + shift, b + shift] for a, b in sp] for ph, sp in rk["windows"].items()}
         for seg in rk["segments"].values():
             seg["start_us"] += shift
+    instances = group_instances(calls, manifest)
     offsets = matching.align_offsets(calls) if align == "collective-end" else None
     rule, why = matching.arrival_rule(calls, {rk["rank"]: rk["identity"].get("host") for rk in ranks}, offsets)
     matched = matching.match(calls, offsets, rule)
@@ -88,7 +112,8 @@ def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *,
             line = headroom.advice(room, ph)
             if line:
                 p["recommendations"].insert(0, line)
-    return Reduced(origin, matched, buckets, provenance, axes, phases, room, calls, waits, costs, tgt, offset, own)
+    return Reduced(origin, matched, buckets, provenance, axes, phases, room, calls, waits, costs, tgt, offset, own,
+                   instances=instances)
 
 
 def _provenance(calls: dict, field: int = 3) -> dict[str, dict[str, int]]:

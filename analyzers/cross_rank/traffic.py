@@ -53,6 +53,14 @@ def phase_traffic(per_rank: dict[int, dict], phase: str, routed: dict | None = N
         return None
     out = [_group(name, members, (times or {}).get(name)) for name, members in groups.items()]
     best = max(out, key=lambda o: (sum(o.get("received") or [0]), o["calls"]))
+    others = [o for o in out if o is not best]
+    if others:  # several EP groups (EP x TP): the busiest in full, the others in brief
+        best["other_groups"] = [{k: o.get(k) for k in ("group", "ranks", "sizes", "received", "imbalance", "hot_rank")}
+                                for o in others]
+        _add_note(best, f"{len(others)} other all-to-all group(s) in this phase, shown in brief: " + "; ".join(
+            f"{o['group']}" + (f" rank {o['hot_rank']} receives {o['imbalance']:.2f}x the mean"
+                               if o.get("imbalance") and o.get("hot_rank") is not None else f" ({o.get('sizes')})")
+            for o in others[:4]) + (f"; and {len(others) - 4} more" if len(others) > 4 else ""))
     if routed:
         best["routed"] = routed
     return best
