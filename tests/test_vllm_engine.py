@@ -296,7 +296,11 @@ def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profil
         verdict = r["phases"][ph]["verdict"]
         assert verdict != "communication-bound", (ph, line)
         if verdict in ("imbalance-bound", "communication/imbalance-bound"):
-            assert c["class"] == "skew-dominated" and c["wait_caused_by"].get(str(starved), 0) > 0.5, (ph, line)
+            # skew-dominated, or mixed where many stops fell inside the calls after both workers had
+            # arrived (the last arriver's time there is transfer): one suite run's prefill read
+            # imbalance-bound, mixed, waiting 31 % of end-to-end and 98 % of it caused by worker 0
+            assert c["class"] in ("skew-dominated", "mixed"), (ph, line)
+            assert c["wait_caused_by"].get(str(starved), 0) > 0.5, (ph, line)
             assert c["culprit"] in (starved, None), (ph, line)
     assert any(c["culprit"] == starved for c in causes.values()), line
     if starved == 1:  # the same capture in Perfetto: every event of each worker, the waits named
