@@ -13,7 +13,10 @@ its repeated samples, and a regression needs both:
 Fail closed: a metric the baseline has and the current run lacks, too few samples, another
 schema, or a different workload (preset, layout, backend, sizes) is exit 2, never a pass. A
 baseline recorded on other hardware is flagged in every output, since its times do not
-transfer.
+transfer. So is a regression measured while other work contended for the host's cores (the
+bundle's telemetry, readers/telemetry.host_contention): a CI job sharing its cores once read DDA's
+TTIT +786 %, and a slower run there cannot be told from a busy host, so it is exit 2 with why,
+not a regression; a pass on a contended host is kept, with a warning.
 
 "A shift that matters" is judged on the bootstrap 95 % confidence interval of the median ratio
 (times) or difference (shares): a regression needs even its low end past the threshold, so
@@ -33,7 +36,7 @@ import numpy as np
 
 from commprobe.common.stats import bootstrap_ci, mann_whitney_greater
 
-from .metrics import GateInputError, Metric, baseline_doc, load_metrics, pooled_metrics
+from .metrics import GateInputError, Metric, baseline_doc, host_contention, load_metrics, pooled_metrics
 
 RESULT_SCHEMA = "commprobe.gate/1"
 PASS, REGRESSION, UNUSABLE = 0, 1, 2
@@ -77,13 +80,14 @@ class GateResult:
     thresholds: Thresholds = field(default_factory=Thresholds)
     baseline_machine: dict = field(default_factory=dict)
     current_machine: dict = field(default_factory=dict)
+    current_host: dict | None = None  # the current run's host contention, where it was contended
 
     def to_dict(self) -> dict:
         return {"schema": RESULT_SCHEMA, "exit_code": self.exit_code,
                 "status": {PASS: "pass", REGRESSION: "regression", UNUSABLE: "unusable"}[self.exit_code],
                 "problems": self.problems, "warnings": self.warnings, "thresholds": asdict(self.thresholds),
                 "baseline_machine": self.baseline_machine, "current_machine": self.current_machine,
-                "metrics": [asdict(v) for v in self.metrics]}
+                "current_host": self.current_host, "metrics": [asdict(v) for v in self.metrics]}
 
 
 def judge(name: str, base: Metric, cur: Metric, th: Thresholds) -> MetricStatus:
@@ -165,6 +169,17 @@ def gate(baseline: str | Path, current: str | Path, metrics: list[str] = (), th:
         res.metrics.append(judge(n, base[n], cur[n], th))
     bad = [v for v in res.metrics if v.status == "unusable"]
     res.problems += [f"{v.name}: {v.why}" for v in bad]
+    host = host_contention(current)
+    if host and host.get("contended"):
+        res.current_host = host
+        busy = (f"other work took {host['other_cores']:.2f} of the host's {host['cores']} cores while the current "
+                f"run's ranks ran (the host {host['busy_cores'] / host['cores']:.0%} busy)")
+        regressed = [v.name for v in res.metrics if v.status == "regression"]
+        if regressed:
+            res.problems.append(f"{', '.join(regressed)} regressed, but {busy}: a slower run cannot be told from a "
+                                f"contended host; run again with the host to itself")
+        else:
+            res.warnings.append(f"{busy}: the times may be slower than the code's")
     if res.problems:
         res.exit_code = UNUSABLE
     elif any(v.status == "regression" for v in res.metrics):

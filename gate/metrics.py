@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commprobe.common.bundle import (
+    MANIFEST,
     machine_facts,
     per_sample,
     read_json,
@@ -75,6 +76,19 @@ def exposure_metrics(analysis: dict, prefix: str = "") -> dict[str, Metric]:
                 name = f"{prefix}exposed_share/{phase}/{axis}"
                 out[name] = Metric(name, "share", "fraction", samples)
     return out
+
+
+def host_contention(path: str | Path) -> dict | None:
+    """How contended the host was while a run bundle's ranks ran (the analyzers' reading of its
+    telemetry, readers/telemetry.host_contention); None for anything else or without the counters."""
+    p = Path(path)
+    if not (p.is_dir() and (p / MANIFEST).is_file()):
+        return None
+    from commprobe.analyzers.readers.telemetry import host_contention as read
+    from commprobe.common.bundle import telemetry_path
+
+    f = telemetry_path(p, require_manifest(p))
+    return read(f) if f is not None else None
 
 
 def load_metrics(path: str | Path, analyze_traces: bool = True) -> tuple[dict[str, Metric], dict, dict]:
