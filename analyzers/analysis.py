@@ -37,7 +37,7 @@ from . import latency
 from .cross_rank import cause, headroom
 from .cross_rank.identity import assign, compile_rank_from
 from .cross_rank.rank_map import map_ranks
-from .cross_rank.reduce import Reduced, reduce_ranks
+from .cross_rank.reduce import Reduced, reduce_ranks, renamed_traffic
 from .cross_rank.traffic import attach as attach_traffic
 from .cross_rank.traffic import call_times
 from .per_rank.classify import load_rules
@@ -60,8 +60,9 @@ def _telemetry(path: Path, manifest: dict | None, origin_ns: int) -> dict | None
     return read_series(f, origin_ns)
 
 
-def _host(path: Path, manifest: dict | None) -> dict | None:
-    """How contended the host was while the ranks ran (readers/telemetry.host_contention), or None."""
+def host_of(path: Path, manifest: dict | None) -> dict | None:
+    """How contended the host was while a bundle's ranks ran (readers/telemetry.host_contention), or
+    None without its telemetry; the analysis's verdicts and the gate both read it here."""
     f = telemetry_path(path, manifest)
     if f is None:
         return None
@@ -163,11 +164,10 @@ def analyze_with_calls(path: str | Path, *, rules_file: str | None = None, thres
                      + "; ".join(f"{Path(d['file']).name} ({d['why']})" for d in other_docs))
     skipped += other_docs
     red = reduce_ranks(ranks, calls, origins, graphs, align=align, threshold=threshold, sweep=sweep,
-                       manifest=manifest, cal_source=cal_source, host=None if url else _host(path, manifest))
+                       manifest=manifest, cal_source=cal_source, host=None if url else host_of(path, manifest))
     origin = red.origin
     ep = int(((manifest or {}).get("world") or {}).get("ep") or 0) if isinstance(manifest, dict) else 0
-    traffic = {r: {ph: {red.instances.get(r, {}).get(g, g): v for g, v in groups.items()} for ph, groups in t.items()}
-               for r, t in traffic.items()}  # the group instances the calls were matched under
+    traffic = renamed_traffic(traffic, red.instances)  # under the groups the calls were matched under
     red.traffic = attach_traffic(red.phases, traffic, _timings(path) if ep > 1 and not url else None, ep,
                                  call_times(red.calls, red.waits) if any(traffic.values()) else None)
     return {

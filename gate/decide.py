@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from commprobe.analyzers.cross_rank.cause import host_words
 from commprobe.common.stats import bootstrap_ci, mann_whitney_greater
 
 from .metrics import GateInputError, Metric, baseline_doc, host_contention, load_metrics, pooled_metrics
@@ -172,8 +173,7 @@ def gate(baseline: str | Path, current: str | Path, metrics: list[str] = (), th:
     host = host_contention(current)
     if host and host.get("contended"):
         res.current_host = host
-        busy = (f"other work took {host['other_cores']:.2f} of the host's {host['cores']} cores while the current "
-                f"run's ranks ran (the host {host['busy_cores'] / host['cores']:.0%} busy)")
+        busy = host_words(host, "the current run's ranks")
         regressed = [v.name for v in res.metrics if v.status == "regression"]
         if regressed:
             res.problems.append(f"{', '.join(regressed)} regressed, but {busy}: a slower run cannot be told from a "

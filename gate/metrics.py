@@ -84,11 +84,9 @@ def host_contention(path: str | Path) -> dict | None:
     p = Path(path)
     if not (p.is_dir() and (p / MANIFEST).is_file()):
         return None
-    from commprobe.analyzers.readers.telemetry import host_contention as read
-    from commprobe.common.bundle import telemetry_path
+    from commprobe.analyzers.analysis import host_of
 
-    f = telemetry_path(p, require_manifest(p))
-    return read(f) if f is not None else None
+    return host_of(p, require_manifest(p))
 
 
 def load_metrics(path: str | Path, analyze_traces: bool = True) -> tuple[dict[str, Metric], dict, dict]:

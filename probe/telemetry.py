@@ -30,28 +30,26 @@ class HostSource:
 
     def __init__(self, pids: Callable[[], dict[int, int]]):
         self._pids = pids
-        self._prev = self._cpu_times()
-
-    @staticmethod
-    def _cpu_times() -> list[tuple[int, int]]:
-        out = []
-        with open("/proc/stat") as f:
-            for line in f:
-                if line.startswith("cpu") and line[3].isdigit():
-                    v = [int(x) for x in line.split()[1:]]
-                    idle = v[3] + (v[4] if len(v) > 4 else 0)
-                    out.append((sum(v[:8]), idle))
-        return out
+        self._prev = self._stat()[1]
 
     @classmethod
-    def _host_ns(cls) -> dict:
-        """The whole host's busy (not idle, not iowait; steal included), interrupt (irq + softirq: no
-        process's own time, though the ranks' own loopback traffic makes some) and steal CPU time, ns."""
+    def _stat(cls) -> tuple[dict, list[tuple[int, int]]]:
+        """One read of /proc/stat: the whole host's busy (not idle, not iowait; steal included),
+        interrupt (irq + softirq: no process's own time, though the ranks' own loopback traffic makes
+        some) and steal CPU time, ns; and per core (all time, idle time) in ticks."""
+        host, cores = [0] * 8, []
         with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]] + [0] * 8
-        busy = sum(v[:8]) - v[3] - v[4]
-        return {"cpu_busy_ns": busy * cls.TICK_NS, "cpu_irq_ns": (v[5] + v[6]) * cls.TICK_NS,
-                "cpu_steal_ns": v[7] * cls.TICK_NS}
+            for line in f:
+                if not line.startswith("cpu"):
+                    continue
+                v = [int(x) for x in line.split()[1:]] + [0] * 8
+                if line[3].isdigit():
+                    cores.append((sum(v[:8]), v[3] + v[4]))
+                else:
+                    host = v
+        busy = sum(host[:8]) - host[3] - host[4]
+        return ({"cpu_busy_ns": busy * cls.TICK_NS, "cpu_irq_ns": (host[5] + host[6]) * cls.TICK_NS,
+                 "cpu_steal_ns": host[7] * cls.TICK_NS}, cores)
 
     @classmethod
     def _proc_cpu_ns(cls, pid: int) -> int | None:
@@ -63,7 +61,7 @@ class HostSource:
             return None
 
     def sample(self) -> dict:
-        cur = self._cpu_times()
+        host, cur = self._stat()
         util = []
         for (t1, i1), (t0, i0) in zip(cur, self._prev):
             dt = t1 - t0
@@ -84,7 +82,7 @@ class HostSource:
                 "cpu_ns": self._proc_cpu_ns(pid),
             }
         me = os.getpid()  # the sampling process (the launcher, or a rank under torchrun): not other work
-        return {"cpu_util_pct": util, "cores": len(cur), **self._host_ns(), "ranks": ranks,
+        return {"cpu_util_pct": util, "cores": len(cur), **host, "ranks": ranks,
                 "sampler": {"pid": me, "cpu_ns": self._proc_cpu_ns(me)}}
 
 

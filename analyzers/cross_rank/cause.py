@@ -328,15 +328,21 @@ def diagnose(rows: list[dict], phase: str, baseline: dict | None, host: dict | N
     return out
 
 
+def host_words(host: dict, whose: str = "the ranks") -> str:
+    """How contended the host was, in words (readers/telemetry.host_contention's numbers): the
+    phase notes and the gate say it alike."""
+    return (f"other work took {host['other_cores']:.2f} of the host's {host['cores']} cores while {whose} ran "
+            f"(the host {host['busy_cores'] / host['cores']:.0%} busy"
+            + (f", {host['steal_cores']:.2f} cores stolen by the hypervisor" if host["steal_cores"] >= 0.01 else "")
+            + ")")
+
+
 def host_notes(d: dict, host: dict) -> list[str]:
     """What a contended host leaves untold: a slower transport (withheld), and whether a late rank
     was slow or waiting for a core."""
     if not host.get("contended"):
         return []
-    busy = (f"other work took {host['other_cores']:.2f} of the host's {host['cores']} cores while the ranks ran "
-            f"(the host {host['busy_cores'] / host['cores']:.0%} busy"
-            + (f", {host['steal_cores']:.2f} cores stolen by the hypervisor" if host["steal_cores"] >= 0.01 else "")
-            + ")")
+    busy = host_words(host)
     out = []
     w = d.get("slow_transfer_withheld")
     if w:

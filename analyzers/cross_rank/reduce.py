@@ -64,6 +64,13 @@ def group_instances(calls: dict, manifest: dict | None) -> dict[int, dict[str, s
     return out
 
 
+def renamed_traffic(traffic: dict[int, dict], instances: dict[int, dict[str, str]]) -> dict[int, dict]:
+    """Each rank's all-to-all traffic (per_rank/traffic.py: phase -> group -> rows) under the group
+    instances group_instances named its calls, so the rows and the calls' times meet."""
+    return {r: {ph: {instances.get(r, {}).get(g, g): v for g, v in groups.items()} for ph, groups in t.items()}
+            for r, t in traffic.items()}
+
+
 def reduce_ranks(ranks: list[dict], calls: dict, origins: dict, graphs: dict, *, align: str, threshold: float,
                  sweep: list[dict] | None, manifest: dict | None, cal_source: str | None,
                  host: dict | None = None) -> Reduced:

@@ -9,6 +9,7 @@ MAX_POINTS points each so a long run's report stays small.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 MAX_POINTS = 2000
@@ -18,6 +19,32 @@ MAX_POINTS = 2000
 CONTENDED_CORES = 0.1
 SATURATED = 0.9
 CHUNK_NS = 1_000_000_000  # other_cores_max: over stretches of at least a second (the counters tick at 10 ms)
+
+
+def _records(path: Path) -> tuple | None:
+    """The file's lines parsed (None for a line that is not JSON), or None where it cannot be read:
+    parsed once per file state for both readers below (an analysis reads the series and the host's
+    contention; the gate the contention again)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return _parsed(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple | None:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            out.append(None)
+    return tuple(out)
 
 
 def _nums(xs) -> list:
@@ -46,13 +73,11 @@ def read_series(path: Path, origin_ns: int) -> dict:
             s["t_us"].append(t)
             s["v"].append(float(v))
 
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
+    recs = _records(path)
+    if recs is None:
         return {"series": {}, "samples": 0, "errors": 0}
-    for line in lines:
+    for rec in recs:
         try:
-            rec = json.loads(line)
             t = (int(rec["t_ns"]) - origin_ns) / 1000.0
         except (ValueError, KeyError, TypeError):
             bad += 1
@@ -113,9 +138,8 @@ def host_contention(path: Path) -> dict | None:
 
     None where the samples do not carry the counters (older bundles, torchrun's per-rank files,
     which each see one rank) or no interval has every rank."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
+    recs = _records(path)
+    if recs is None:
         return None
     prev = None
     elapsed = other = steal = busy = 0.0
@@ -123,11 +147,7 @@ def host_contention(path: Path) -> dict | None:
     worst = None
     intervals = 0
     cores = None
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
+    for rec in recs:
         cur = _host_counters(rec)
         if cur is None:
             prev = None
