@@ -48,7 +48,8 @@ def run_profile(cfg: RunConfig, model_cfg: dict, *, pg_backend: str, telemetry_i
     manifests = bundle.start_manifests(cfg, model_cfg)
     pids: dict[int, int] = {}
     status, error = "failed", None
-    sampler = TelemetrySampler(root / bundle.TELEMETRY, telemetry_interval, pids=lambda: dict(pids))
+    sampler = TelemetrySampler(root / bundle.TELEMETRY, telemetry_interval, pids=lambda: dict(pids),
+                               ranks_on_host=cfg.world_size)
     on_status(sampler.status_line)
     try:
         with sampler:
@@ -84,7 +85,10 @@ def run_profile_torchrun(cfg: RunConfig, model_cfg: dict, *, pg_backend: str,
     root = Path(cfg.out_dir)
     name = bundle.host_telemetry_name(host_name())
     manifests = bundle.start_manifests(cfg, model_cfg, telemetry=name) if rank == 0 else {}
-    sampler = TelemetrySampler(root / name, telemetry_interval, pids=rank_pids_from_env) if local == 0 else None
+    # under torchrun the sampler sees its own rank only; the others here are named by their count, so
+    # an analysis does not take their CPU time for other work (readers/telemetry.host_contention)
+    sampler = TelemetrySampler(root / name, telemetry_interval, pids=rank_pids_from_env,
+                               ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", 1))) if local == 0 else None
     status, error = "failed", None
     try:
         if sampler is not None:

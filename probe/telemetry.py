@@ -28,8 +28,9 @@ class HostSource:
     name = "host"
     TICK_NS = 1_000_000_000 // (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
-    def __init__(self, pids: Callable[[], dict[int, int]]):
+    def __init__(self, pids: Callable[[], dict[int, int]], ranks_on_host: int | None = None):
         self._pids = pids
+        self._ranks_on_host = ranks_on_host  # the job's ranks here, of which `pids` may name only some
         self._prev = self._stat()[1]
 
     @classmethod
@@ -83,7 +84,8 @@ class HostSource:
             }
         me = os.getpid()  # the sampling process (the launcher, or a rank under torchrun): not other work
         return {"cpu_util_pct": util, "cores": len(cur), **host, "ranks": ranks,
-                "sampler": {"pid": me, "cpu_ns": self._proc_cpu_ns(me)}}
+                "sampler": {"pid": me, "cpu_ns": self._proc_cpu_ns(me)},
+                **({"ranks_on_host": self._ranks_on_host} if self._ranks_on_host else {})}
 
 
 class NvmlSource:
@@ -210,7 +212,7 @@ class TelemetrySampler:
     """Context manager: samples every `interval_s` into `path` until closed."""
 
     def __init__(self, path: str | Path, interval_s: float = 0.05, pids: Callable[[], dict[int, int]] = dict,
-                 vendor_sources: Iterable | None = None):
+                 vendor_sources: Iterable | None = None, ranks_on_host: int | None = None):
         self.path = Path(path)
         self.interval_s = interval_s
         self.errors = 0
@@ -219,7 +221,7 @@ class TelemetrySampler:
             vendor, self.degraded = _open_vendor_sources()
         else:
             vendor, self.degraded = list(vendor_sources), []
-        self.sources = [*vendor, HostSource(pids)]
+        self.sources = [*vendor, HostSource(pids, ranks_on_host)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="commprobe-telemetry", daemon=True)
 

@@ -87,6 +87,17 @@ def test_contention_is_counted_over_intervals_that_saw_every_rank(tmp_path):
     assert h["other_cores"] < 0.01 and h["other_cores_max"] < 0.05
 
 
+def test_a_sampler_that_saw_one_of_the_hosts_ranks_tells_nothing(tmp_path):
+    """Under torchrun the sampler sees its own rank and says how many ran on the host: the others'
+    CPU time is theirs, not other work (1.8 cores here would otherwise read as contention)."""
+    f = tmp_path / "telemetry.jsonl"
+    rows = [json.loads(_sample(t, 4.0 * t, 2.0 * t, pids=(10,))) | {"ranks_on_host": 2} for t in (0, 1, 2)]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert host_contention(f) is None
+    f.write_text("\n".join(json.dumps(r | {"ranks_on_host": 1}) for r in rows) + "\n")
+    assert host_contention(f)["other_cores"] == pytest.approx(2.0)
+
+
 def test_older_telemetry_without_the_counters_tells_nothing(tmp_path):
     f = tmp_path / "telemetry.jsonl"
     f.write_text(json.dumps({"t_ns": 1, "source": "host", "cpu_util_pct": [50.0], "ranks": {"0": {"pid": 1}}}) + "\n")

@@ -165,7 +165,15 @@ def test_torchrun_runs_the_same_entry_point_and_writes_the_bundle(tmp_path):
         m = json.loads((out / b / "manifest.json").read_text())
         assert m["status"] == "ok" and m["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
         assert len(json.loads((out / b / "timings.json").read_text())["ranks"]) == 2
-    assert list(out.glob("telemetry-*.jsonl"))
+    files = list(out.glob("telemetry-*.jsonl"))
+    assert files
+    # its sampler saw its own rank of the 2 on the host and says so: the other rank's CPU time is not
+    # taken for other work (a contended host), nothing is told instead
+    from commprobe.analyzers.readers.telemetry import host_contention
+
+    rows = [json.loads(x) for x in files[0].read_text().splitlines()]
+    assert any(x.get("source") == "host" and x.get("ranks_on_host") == 2 and len(x["ranks"]) == 1 for x in rows)
+    assert host_contention(files[0]) is None
 
 
 @pytest.mark.parametrize("axis,preset,span", [("cp", "tiny", "commprobe/comm/cp/"), ("ep", "moe-tiny", "commprobe/comm/ep/all_to_all/")])

@@ -136,8 +136,9 @@ def host_contention(path: Path) -> dict | None:
     slows a CPU transport (gloo, DDA on shared memory) and a rank's launches as a slower link or a
     slow rank would, so the cause analysis reads this before naming either.
 
-    None where the samples do not carry the counters (older bundles, torchrun's per-rank files,
-    which each see one rank) or no interval has every rank."""
+    None where the samples do not carry the counters (older bundles), see fewer ranks than the
+    host ran (torchrun's sampler sees its own rank, and says how many ran there: `ranks_on_host`),
+    or no interval has every rank."""
     recs = _records(path)
     if recs is None:
         return None
@@ -185,6 +186,8 @@ def _host_counters(rec) -> dict | None:
     ranks = rec.get("ranks")
     busy, st, t = rec.get("cpu_busy_ns"), rec.get("cpu_steal_ns"), rec.get("t_ns")
     if not (isinstance(ranks, dict) and ranks and all(isinstance(x, int) for x in (busy, st, t))):
+        return None
+    if len(ranks) < (rec.get("ranks_on_host") or 0):  # ranks here it did not sample (torchrun): their CPU is not other work
         return None
     own, pids = 0, set()
     for d in ranks.values():
