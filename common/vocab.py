@@ -41,6 +41,13 @@ CATEGORY_LABEL = {"tp_allreduce": "TP allreduce", "cp_ring": "CP ring attention"
 
 AXES = ("tp", "cp", "ep", "dp", "other")  # "other": communication of no known parallel axis
 AXIS_OF = {"tp_allreduce": "tp", "cp_ring": "cp", "ep_all_to_all": "ep", "other_comm": "other"}
+A2A_WORDS = {"ep": "EP all-to-all", "cp": "CP all-to-all (sequence-parallel attention)"}
+
+
+def a2a_words(axis: str | None) -> str:
+    """What an all-to-all is, by the axis its calls were classified to: EP's (experts) or CP's
+    (sequence-parallel attention, Ulysses-style); an all-to-all of no known axis otherwise."""
+    return A2A_WORDS.get(axis or "", "all-to-all")
 
 
 class AxisSource(enum.IntEnum):

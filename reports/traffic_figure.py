@@ -1,4 +1,4 @@
-"""The EP all-to-all traffic of an analysis as pictures for the HTML report: per phase with a sized
+"""The all-to-all traffic of an analysis (EP's, or CP's sequence-parallel attention's) as pictures for the HTML report: per phase with a sized
 matrix, a heatmap of bytes per (sender, receiver) pair and each rank's received bytes as bars."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from commprobe.common.units import human_size
+from commprobe.common.vocab import a2a_words
 
 
 def traffic_figures(result: dict) -> list[tuple[str, go.Figure]]:
@@ -30,7 +31,7 @@ def traffic_figures(result: dict) -> list[tuple[str, go.Figure]]:
                              hovertemplate="%{x}: %{y} bytes<extra></extra>"), row=1, col=2)
         fig.update_yaxes(autorange="reversed", row=1, col=1)
         imb = t.get("imbalance")
-        fig.update_layout(title=f"EP all-to-all, {phase}: busiest receiver "
+        fig.update_layout(title=f"{a2a_words(t.get('axis', 'ep'))}, {phase}: busiest receiver "
                                 + (f"{imb:.2f}x the mean" if imb is not None else "n/a"),
                           height=380, margin={"t": 80})
         out.append((f"traffic-{phase}", fig))
@@ -45,7 +46,7 @@ def traffic_section(result: dict) -> str:
     rows = [traffic_line(ph, p["all_to_all"]) for ph, p in result["phases"].items() if p.get("all_to_all")]
     if not rows:
         return ""
-    return ('<h2>EP all-to-all: who sends how much to whom</h2><p>From the split sizes the traces recorded; '
+    return ('<h2>All-to-all: who sends how much to whom</h2><p>From the split sizes the traces recorded; '
             'the imbalance is the busiest receiver of the dispatches over the mean (a dispatch: a call followed '
             'by its own transpose, the combine).</p><ul id="all-to-all">'
             + "".join(f"<li>{esc(r)}</li>" for r in rows) + "</ul>")

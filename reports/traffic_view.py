@@ -1,4 +1,4 @@
-"""The EP all-to-all traffic of an analysis (phases' `all_to_all`, cross_rank/traffic.py) in the
+"""The all-to-all traffic (EP's, or CP's sequence-parallel attention's) of an analysis (phases' `all_to_all`, cross_rank/traffic.py) in the
 terminal: one line per phase, and the dispatch matrix where it is small enough to read."""
 
 from __future__ import annotations
@@ -8,19 +8,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from commprobe.common.units import human_size
+from commprobe.common.vocab import a2a_words
 
 MAX_SHOWN = 8  # ranks of a matrix printed in full; a larger group gets its received bytes only
 
 
 def traffic_line(phase: str, t: dict) -> str:
     if t["sizes"] != "recorded" or t.get("imbalance") is None:
-        return f"EP all-to-all, {phase}: {t.get('note') or 'no sizes'}"
+        return f"{a2a_words(t.get('axis', 'ep'))}, {phase}: {t.get('note') or 'no sizes'}"
     calls = (f"{t['dispatch_calls']} dispatches of {t['sized_calls']} sized calls" if t.get("dispatch_calls")
              else f"{t['sized_calls']} sized calls, no dispatch told apart")
     head = t["finding"] or t.get("note") or (f"busiest receiver {t['imbalance']:.2f}x the mean (under the "
                                              f"{t['rule']['imbalance_at_least']:.2f}x a skew needs)")
     unsized = f"; {t['unsized_calls']} call(s) without sizes left out" if t.get("unsized_calls") else ""
-    return f"EP all-to-all, {phase}: {head} ({calls}{unsized})"
+    return f"{a2a_words(t.get('axis', 'ep'))}, {phase}: {head} ({calls}{unsized})"
 
 
 def render_all_to_all(result: dict, console: Console) -> None:

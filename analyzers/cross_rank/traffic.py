@@ -1,4 +1,5 @@
-"""EP all-to-all traffic per phase: who sends how much to whom, and whether one rank receives more.
+"""All-to-all traffic per phase (EP's, or CP's sequence-parallel attention's): who sends how much to
+whom, and whether one rank receives more.
 
 Each rank's trace gives its row and column of every sized all-to-all call (per_rank/traffic.py);
 here the calls are lined up across ranks by their match key and each call's matrix (sender x
@@ -19,6 +20,8 @@ import statistics
 from collections import Counter
 
 import numpy as np
+
+from commprobe.common.vocab import a2a_words
 
 from ..per_rank.attribution import MAX_WINDOWS
 from ..per_rank.traffic import a2a_group
@@ -80,7 +83,11 @@ def _rows(g: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
 def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | None = None) -> dict:
     calls = max(g["calls"] for _, g in members)
     unsized = max(g["unsized"] for _, g in members)
-    base = {"group": name, "calls": calls, "unsized_calls": unsized, "rule": IMBALANCE_RULE}
+    axes = Counter()
+    for _, g in members:
+        axes.update(g.get("axes") or {})
+    base = {"group": name, "axis": axes.most_common(1)[0][0] if axes else "ep", "calls": calls, "unsized_calls": unsized,
+            "rule": IMBALANCE_RULE}
     rows = {r: _rows(g) for r, g in members if len(g["send"])}
     even = max(g.get("even", 0) for _, g in members)
     if even:
@@ -95,11 +102,12 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
                         "in the bytes; it shows as tokens dropped or padded at the experts' capacity, which the trace "
                         "does not record"}
     if not rows:
+        why = next((g["missing"] for _, g in members if g.get("missing")), None) or (
+            "torch 2.x writes them with record_shapes=True, as the c10d op's 'Concrete Inputs'; commprobe's own spans "
+            "always carry them")
         return {**base, "sizes": "not recorded", "finding": None,
                 "note": f"{unsized or calls} all-to-all call(s) per rank carry no split sizes: who sends how much to "
-                        "whom cannot be told (torch 2.x writes them with record_shapes=True, as the c10d op's "
-                        "'Concrete Inputs'; commprobe's own spans always carry them)"
-                        + (f"; {even} other(s) split their buffers evenly" if even else "")}
+                        f"whom cannot be told ({why})" + (f"; {even} other(s) split their buffers evenly" if even else "")}
     sizes = Counter(x[1].shape[1] for x in rows.values() if x)
     if not sizes:
         return {**base, "sizes": "recorded", "finding": None, "note": "no rank's split sizes have one group size"}
@@ -168,7 +176,8 @@ def _group(name: str, members: list[tuple[int, dict]], times: dict[int, dict] | 
     res.update(imbalance=imbalance, cv=statistics.pstdev(received) / mean, hot_group_rank=hot, hot_rank=ranks[hot],
                per_call={"min": min(per_call), "median": statistics.median(per_call), "max": max(per_call)})
     who = f"rank {ranks[hot]}" if ranks[hot] is not None else f"group rank {hot}"
-    res["skew"] = (f"{who} receives {imbalance:.2f}x the mean of the EP dispatch bytes"
+    what = "EP dispatch bytes" if base["axis"] == "ep" else f"{a2a_words(base['axis'])} bytes"
+    res["skew"] = (f"{who} receives {imbalance:.2f}x the mean of the {what}"
                    if imbalance >= IMBALANCE_RULE["imbalance_at_least"] else None)
     if times:
         timed = [i for i in range(len(mats)) if keys[i] in times]
@@ -337,18 +346,22 @@ def judge(t: dict, cause: dict | None) -> None:
                  f"; by the waiting alone within the noise ({z:.1f} standard errors), the bytes say why")
     t["hot_rank_wait_share"] = share
     if share >= IMBALANCE_RULE["hot_rank_wait_share_at_least"] and waiting:
-        t["finding"] = (f"{t['skew']}, and the others wait for it ({share:.0%} of the waiting{noise}{cost}): EP "
-                        "all-to-all is imbalance-bound by routing; rebalance or replicate its experts")
+        t["finding"] = (f"{t['skew']}, and the others wait for it ({share:.0%} of the waiting{noise}{cost}): "
+                        + ("EP all-to-all is imbalance-bound by routing; rebalance or replicate its experts"
+                           if t.get("axis", "ep") == "ep" else
+                           f"the {a2a_words(t['axis'])} is imbalance-bound by its uneven split; even out what each rank "
+                           "holds (the sequence shards of sequence-parallel attention)"))
     else:
         who = (f"rank {max(caused, key=lambda r: caused[r])}: {max(caused.values()):.0%}" if caused and not split
                else None)
         high = share >= IMBALANCE_RULE["hot_rank_wait_share_at_least"]
         _add_note(t, f"{t['skew']}, {'and' if high else 'but'} it caused {share:.0%} of the waiting"
                      + (f" ({who})" if who else "") + ("" if waiting else f"{', but' if high else ', and'} transfer "
-                                                       "outweighs waiting") + cost + ": " + _bound(split))
+                                                       "outweighs waiting") + cost + ": "
+                     + _bound(split, "the routing skew" if t.get("axis", "ep") == "ep" else "the uneven split"))
 
 
-def _bound(split: dict | None) -> str:
+def _bound(split: dict | None, skew: str = "the routing skew") -> str:
     """What the skew can account for when the measured waiting does not make it the cause: where the
     extra bytes' upper bound could tip it, that the trace cannot tell (bandwidth- or latency-bound)."""
     if split:
@@ -359,9 +372,9 @@ def _bound(split: dict | None) -> str:
                     "with the extra bytes; which it is cannot be told from the trace (the extra bytes cost where the "
                     "transfer is bound by bandwidth, little where by latency)")
         if total > 0:
-            return (f"at most {most / total:.0%} of these calls' time is the skew's; the routing skew is not what "
+            return (f"at most {most / total:.0%} of these calls' time is the skew's; {skew} is not what "
                     "holds the all-to-all up here")
-    return "the routing skew is not what holds the all-to-all up here"
+    return f"{skew} is not what holds the all-to-all up here"
 
 
 def _add_note(t: dict, text: str) -> None:

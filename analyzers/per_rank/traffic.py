@@ -9,7 +9,9 @@ Where the sizes come from, per call, the first that the trace records:
   input, pg, output_split_sizes, input_split_sizes, …)`) and "Input Dims"/"Input type" the row size;
 - NCCL's all-to-all as torch records it (record_param_comms and the kernel's args): "In split size"
   and "Out split size" (rows, a JSON string), "In/Out msg nelems" and "dtype" (torch's
-  ParamCommsUtils).
+  ParamCommsUtils);
+- NCCL's own NVTX payloads in an Nsight export (its ncclSend/ncclRecv ranges' bytes and peers,
+  readers/nvtx_payloads.py), put on the call's kernel and torch's ranges around it by the reader.
 An **even** call (the split lists recorded empty, "[]": `all_to_all_single` without split sizes,
 the fixed-capacity dispatch of DeepSpeed-MoE and GShard-style gates) sends every group rank the same
 share of its buffer: no matrix without the group's size, but every receiver gets the same bytes
@@ -109,6 +111,18 @@ def nccl_splits(args: dict) -> tuple[list[int], list[int]] | None:
     return (send, recv) if len(send) == len(recv) else None
 
 
+def payload_splits(args: dict) -> tuple[int, list[int], list[int]] | None:
+    """(communicator rank or -1, bytes sent to each communicator rank, bytes received from each) from
+    NCCL's own NVTX payloads of the call's grouped ncclSend/ncclRecv, as the Nsight reader puts them
+    (readers/nvtx_payloads.splits); None where the call has none."""
+    send, recv = args.get("nccl_peer_send_bytes"), args.get("nccl_peer_recv_bytes")
+    if not (isinstance(send, list) and isinstance(recv, list) and send and len(send) == len(recv) <= MAX_GROUP
+            and all(isinstance(x, int) and x >= 0 for x in send + recv)):
+        return None
+    own = args.get("nccl_comm_rank")
+    return (own if isinstance(own, int) and 0 <= own < len(send) else -1), send, recv
+
+
 def a2a_group(calls: Calls, i: int) -> str:
     """The group an all-to-all call's traffic is kept under: its process group, or "all_to_all" where
     the trace names none (the one key the per-rank rows, the cross-rank times and the Perfetto counter share)."""
@@ -120,14 +134,16 @@ def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]
     """Per phase and group: this rank's group rank (None: the source does not say), and for each
     sized all-to-all call inside the phase's windows its match key k (calls.py) with the bytes sent
     to and received from each group rank; `calls` counts every all-to-all there, `unsized` those
-    whose sizes the trace does not hold. `c10d_args`: event -> args of torch's all-to-all ops
-    (Trace.a2a_args)."""
+    whose sizes the trace does not hold, `axes` the calls per axis (EP, or CP for sequence-parallel
+    attention), `missing` the reader's reason where its format left the sizes out (None: not known).
+    `c10d_args`: event -> args of torch's all-to-all ops (Trace.a2a_args)."""
     if calls.event is None or not len(calls):
         return {}
     a2a = np.flatnonzero(calls.op() == "all_to_all")
     if not len(a2a):
         return {}
     spans = {ph: (np.array([a for a, _ in w]), np.array([b for _, b in w])) for ph, w in windows.items() if w}
+    missing = (trace.extra or {}).get("a2a_sizes_missing")  # the reader's word on why its format has no sizes here
     out: dict[str, dict] = {}
     for i in a2a.tolist():
         start = float(calls.start[i])
@@ -140,10 +156,13 @@ def rank_traffic(trace: Trace, calls: Calls, windows: dict[str, list[list[float]
         args = (c10d_args or {}).get(ev) if got is None else None
         if args:
             sr = c10d_splits(args) or nccl_splits(args)
-            got = (-1, *sr) if sr is not None else None
+            got = (-1, *sr) if sr is not None else payload_splits(args)
         g = out.setdefault(phase, {}).setdefault(a2a_group(calls, i), {"grank": None, "calls": 0, "unsized": 0,
-                                                                      "even": 0, "k": [], "send": [], "recv": []})
+                                                                      "even": 0, "k": [], "send": [], "recv": [],
+                                                                      "axes": {}, "missing": missing})
         g["calls"] += 1
+        axis = calls.kinds[int(calls.kind[i])][1]
+        g["axes"][axis] = g["axes"].get(axis, 0) + 1
         if got is None and args and even_split(args):
             g["even"] += 1
             continue

@@ -23,6 +23,7 @@ NVIDIA's description: https://docs.nvidia.com/nsight-systems/UserGuide/index.htm
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import shutil
@@ -31,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import INT64, TraceError, codes, factorize, int64_row
+from . import nvtx_payloads
+from .model import INT64, Trace, TraceError, codes, factorize, int64_row
 from .parts import Source, assemble, each_part_of
 from .sqlite_export import int_pairs, lookup, open_readonly, query, tables
 
@@ -52,7 +54,7 @@ def is_export(tabs: set[str]) -> bool:
 
 
 def export_command(path: Path) -> str:
-    return f"nsys export --type sqlite --output {path.with_suffix('.sqlite')} {path}"
+    return f"nsys export --type sqlite --include-blobs=true --output {path.with_suffix('.sqlite')} {path}"
 
 
 def from_report(path: Path, out_dir: Path) -> Path:
@@ -64,8 +66,12 @@ def from_report(path: Path, out_dir: Path) -> Path:
         raise TraceError(f"{path}: an Nsight Systems report; export it first (nsys is not on PATH here): "
                          f"{export_command(path)}")
     out = out_dir / (path.stem + ".sqlite")
-    r = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(out), str(path)],
-                       capture_output=True, text=True, timeout=3600)
+    cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(out), str(path)]
+    # with NVTX payload blobs (NCCL's sizes and peers, nvtx_payloads.py); an nsys that does not know the option
+    # exports without them, and the analysis says what they would have told
+    r = subprocess.run(cmd[:3] + ["--include-blobs", "true"] + cmd[3:], capture_output=True, text=True, timeout=3600)
+    if r.returncode and "include-blobs" in (r.stderr + r.stdout):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if r.returncode or not out.exists():
         last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
         raise TraceError(f"{path}: nsys export failed ({last[0][:200]})")
@@ -129,6 +135,23 @@ class Export:
         """NVTX_EVENTS' columns (the payload's JSON text is in newer schemas only), asked once."""
         return {r[1] for r in self.db.execute("PRAGMA table_info(NVTX_EVENTS)")} if "NVTX_EVENTS" in self.tables else set()
 
+    @cached_property
+    def payload_schemas(self) -> dict:
+        """NVTX payload schemas (nvtx_payloads.schemas), where the export has blobs to decode with them."""
+        return nvtx_payloads.schemas(self.db, self.tables) if "binaryData" in self.nvtx_columns else {}
+
+    def nccl_rows(self, pid: int, names: tuple[str, ...], like: str | None = None) -> list[tuple]:
+        """(start, end, globalTid, name, blob) of this process's NCCL ranges named `names` (or LIKE
+        `like`), in (thread, start) order; the blob None where the export has none."""
+        blob = "n.binaryData" if "binaryData" in self.nvtx_columns and self.payload_schemas else "NULL"
+        text = "coalesce(n.text, s.value, '')"
+        where = f"{text} LIKE ?" if like else f"{text} IN ({','.join('?' * len(names))})"
+        rows = self.db.execute(
+            f"SELECT n.start, n.end, n.globalTid, {text}, {blob} FROM NVTX_EVENTS n LEFT JOIN StringIds s "
+            f"ON s.id = n.textId WHERE {where} AND {_NVTX_TPID} = ? AND n.end IS NOT NULL "
+            "ORDER BY n.globalTid, n.start LIMIT 10000000", ((like,) if like else names) + (pid,)).fetchall()
+        return [r for r in rows if int64_row(r[:3])]
+
     def nccl_rank(self, pid: int) -> int | None:
         """The rank NCCL gave this process in its largest communicator (the world's): the "Rank" and
         "No. of ranks" entries of the ncclCommInitRank range's NVTX payload (NVIDIA/nccl
@@ -136,6 +159,11 @@ class Export:
         the export has no payloads, or the largest communicator gives this process two ranks (one
         process driving several devices: each part's rank is told apart by the rules after)."""
         cols = self.nvtx_columns
+        if self.payload_schemas:  # the payload's blob (`nsys export --include-blobs=true`)
+            ranks = nvtx_payloads.comm_ranks([(r[3], r[4]) for r in self.nccl_rows(
+                pid, (), like=nvtx_payloads.INIT_PREFIX + "%")], self.payload_schemas)
+            if None in ranks:
+                return ranks[None][0]
         if not {"jsonText", "jsonTextId"} & cols:
             return None
         js = ("coalesce(n.jsonText, j.value)" if {"jsonText", "jsonTextId"} <= cols
@@ -213,6 +241,7 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
                      for c in kinds.tolist()]
             sources.append(Source(m[:, 0], m[:, 1], code, names, cat, m[:, 3], m[:, 4], True))
             corr_here.append(m[:, 4])
+    runtime, rows = np.zeros((0, 5), np.int64), []
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in ex.tables:
         r = ex.query(f"SELECT start, end, nameId, globalTid, coalesce(correlationId, -1) FROM CUPTI_ACTIVITY_KIND_RUNTIME "
                      f"WHERE {_TPID} = ?", (pid,), 5)
@@ -232,6 +261,7 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
         r = r[keep]
         ids, code = codes(r[:, 2])
         sources.append(Source(r[:, 0], r[:, 1], code, ex.string_values(ids), "cuda_runtime", r[:, 3], r[:, 4], False))
+        runtime = r
     if "NVTX_EVENTS" in ex.tables:
         rows = ex.db.execute(
             f"SELECT n.start, n.end, n.globalTid, coalesce(n.text, s.value, '') FROM NVTX_EVENTS n "
@@ -243,5 +273,53 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
             code, names = factorize(list(texts))
             sources.append(Source(np.array(starts, np.int64), np.array(ends, np.int64), code, [str(x) for x in names],
                                   "user_annotation", np.array(tids, np.int64), np.full(len(rows), -1, np.int64), False))
-    return assemble(label, rank, sources, 0, ex.origin_ns(), ex.path.stat().st_size if first_of_process else 0,
-                    {"format": f"nsys-sqlite {ex.version}", "pid": pid, "device": dev})
+    trace = assemble(label, rank, sources, 0, ex.origin_ns(), ex.path.stat().st_size if first_of_process else 0,
+                     {"format": f"nsys-sqlite {ex.version}", "pid": pid, "device": dev})
+    if "NVTX_EVENTS" in ex.tables:
+        _peer_bytes(ex, pid, trace, rows, runtime)
+    return trace
+
+
+_A2A_RANGES = ("nccl:all_to_all", "c10d::alltoall")  # torch's record_function names around an all-to-all
+
+
+def _peer_bytes(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtime: np.ndarray) -> None:
+    """NCCL's per-peer bytes of each grouped send/receive (nvtx_payloads.py) on the call's events: the
+    kernel its ncclGroupEnd launched and the torch all-to-all ranges around it (Trace.a2a_args, what
+    per_rank/traffic.py reads); where the export holds none, why (extra["a2a_sizes_missing"])."""
+    rows = ex.nccl_rows(pid, nvtx_payloads.GROUP_NAMES)
+    sends = sum(1 for r in rows if r[3] in ("ncclSend", "ncclRecv"))
+    got = []
+    if any(r[4] is not None for r in rows):
+        inits = ex.nccl_rows(pid, (), like=nvtx_payloads.INIT_PREFIX + "%")
+        got = nvtx_payloads.splits(nvtx_payloads.groups(rows, ex.payload_schemas),
+                                   nvtx_payloads.comm_ranks([(r[3], r[4]) for r in inits], ex.payload_schemas))
+    why = nvtx_payloads.missing_reason(ex.db, ex.tables, ex.nvtx_columns, sends, len(got),
+                                       any(n.startswith("nccl") and not n.startswith("nccl:") for *_, n in nvtx))
+    if why:
+        trace.extra["a2a_sizes_missing"] = why
+    if not got:
+        return
+    dev = trace.is_device()
+    kernels = {int(trace.arg_corr[i]): i for i in np.flatnonzero(dev & (trace.arg_corr > 0)).tolist()}
+    at: dict[float, list[int]] = {}  # host events by start (µs, as assemble computed it)
+    for i in np.flatnonzero(~dev).tolist():
+        at.setdefault(float(trace.ts[i]), []).append(i)
+    ranges: dict[int, list[tuple]] = {}  # per thread, torch's all-to-all ranges by start
+    for s, e, t, n in sorted(nvtx):
+        if n.startswith(_A2A_RANGES):
+            ranges.setdefault(t, []).append((s, e, n))
+    starts = {t: [x[0] for x in v] for t, v in ranges.items()}
+    for g, args in got:
+        launched = runtime[(runtime[:, 3] == g.tid) & (runtime[:, 0] >= g.end_start) & (runtime[:, 1] <= g.end)] \
+            if len(runtime) else runtime
+        for c in launched[:, 4].tolist():
+            if (i := kernels.get(int(c))) is not None:
+                trace.a2a_args[i] = args
+        j = bisect.bisect_right(starts.get(g.tid, []), g.start)
+        for s, e, n in ranges.get(g.tid, [])[max(0, j - 4):j]:  # the few nested ranges just before it
+            if e >= g.end:
+                for i in at.get(s / 1000.0, []):
+                    if trace.names[trace.name_id[i]] == n:
+                        trace.a2a_args[i] = args
+

@@ -1,0 +1,158 @@
+"""NCCL's NVTX payloads in Nsight exports (issue 61: who sends how much to whom, from Nsight): the
+real FastVideo exports (tests/data/traces/nsys-ai-fastvideo, Nsight 2026.2, a Ulysses
+sequence-parallel all-to-all over 2 H100s) read as CP all-to-all and say, with the command that
+would mend it, that their export left the payloads out; the same real exports with their blobs
+filled in the layout real exports use give the matrix written, exactly, and the ranks NCCL gave."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import struct
+
+import pytest
+
+from commprobe.analyzers.analysis import analyze
+from commprobe.analyzers.readers import nvtx_payloads
+from tests.conftest import ROOT, run_cli
+
+FASTVIDEO = ROOT / "tests" / "data" / "traces" / "nsys-ai-fastvideo"
+BEFORE = FASTVIDEO / "mfu_2gpu_before.sqlite"
+needs_real = pytest.mark.usefixtures("real_traces")
+MIB = 1 << 20
+
+
+def _raw(path, q, *args):
+    db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        return db.execute(q, args).fetchall()
+    finally:
+        db.close()
+
+
+@needs_real
+def test_the_real_exports_are_cp_all_to_all_whose_sizes_the_export_left_out():
+    """Truth from the raw tables: each process runs its all-to-alls as ncclGroupStart, (ncclSend,
+    ncclRecv) x 2 peers, ncclGroupEnd; the export's own metadata says blobs were not included and no
+    row has one. The analysis calls them CP (attention between them, no experts), counts them, and
+    says what cannot be told and the export command that would tell it."""
+    pids = [p for (p,) in _raw(BEFORE, "SELECT DISTINCT (globalPid >> 24) & 16777215 FROM CUPTI_ACTIVITY_KIND_KERNEL")]
+    assert sorted(pids) == [144, 145]
+    assert _raw(BEFORE, "SELECT count(binaryData), count(jsonText) FROM NVTX_EVENTS") == [(0, 0)]
+    assert _raw(BEFORE, "SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'") == [("false",)]
+    for pid, groups in ((144, 32), (145, 34)):  # the window cut the capture: 2 of 145's groups launch after it
+        names = [n for (n,) in _raw(BEFORE, "SELECT coalesce(n.text, s.value) FROM NVTX_EVENTS n LEFT JOIN StringIds s "
+                                            "ON s.id = n.textId WHERE ((n.globalTid >> 24) & 16777215) = ? AND "
+                                            "coalesce(n.text, s.value) IN ('ncclGroupStart', 'ncclGroupEnd', 'ncclSend', "
+                                            "'ncclRecv') ORDER BY n.start", pid)]
+        assert names == ["ncclGroupStart", "ncclSend", "ncclRecv", "ncclSend", "ncclRecv", "ncclGroupEnd"] * groups
+    # 33 SendRecv kernels per device: the first launched before the window (an unknown op: no launch), then
+    # one per group, in order (its launch is the cuLaunchKernelEx inside its ncclGroupEnd)
+    kernels = _raw(BEFORE, "SELECT k.deviceId, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON "
+                           "s.id = k.demangledName WHERE s.value LIKE 'ncclDevKernel_SendRecv%' GROUP BY 1")
+    assert kernels == [(0, 33), (1, 33)]
+    t = analyze(BEFORE)["phases"]["trace"]["all_to_all"]
+    assert (t["axis"], t["calls"], t["unsized_calls"], t["sizes"], t["finding"]) == ("cp", 32, 32, "not recorded", None)
+    assert "nsys export --type sqlite --include-blobs=true" in t["note"]
+    assert "EXPORT_PARAM_INCLUDE_BLOBS false" in t["note"]
+    r = run_cli("analyze", str(BEFORE))
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if "all-to-all" in x and "trace:" in x)
+    assert line.startswith("CP all-to-all (sequence-parallel attention), trace:") and "EP" not in line
+
+
+def _fill(src, dst, rank_of: dict[int, int]):
+    """A copy of the real export with what `nsys export --include-blobs=true` would have added: each
+    ncclSend/ncclRecv range's payload blob (32-byte header, then comm id, bytes, peer: the export's
+    own schema for it) and one ncclCommInitRank range per process giving it the rank `rank_of[pid]`.
+    Returns per pid the bytes written for each group, in order: (sent to peer 0, 1), (received from 0, 1)."""
+    shutil.copy(src, dst)
+    db = sqlite3.connect(dst)
+    schemas = {}
+    for sid, names in ((16777218, ("NCCL communicator ID", "No. of ranks", "Rank", "CUDA device")),
+                       (16777225, ("NCCL communicator ID", "Message size [bytes]", "Peer rank")),
+                       (16777226, ("NCCL communicator ID", "Message size [bytes]", "Peer rank"))):
+        got = tuple(n for (n,) in db.execute("SELECT DISTINCT name FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE schemaId = ? "
+                                             "ORDER BY idx", (sid,)))
+        assert got == names  # the real export's own schemas (asserted, not assumed)
+        schemas[sid] = db.execute("SELECT DISTINCT payloadSize FROM NVTX_PAYLOAD_SCHEMAS WHERE schemaId = ?",
+                                  (sid,)).fetchone()[0]
+    comm = 0x5EED_C0FFEE
+
+    def blob(sid, payload):
+        return struct.pack("<QQQQ", 1, sid, schemas[sid], 32) + payload.ljust(schemas[sid], b"\0")
+
+    written = {}
+    for pid, rank in rank_of.items():
+        rows = db.execute("SELECT n.rowid, coalesce(n.text, s.value), n.start, n.globalTid FROM NVTX_EVENTS n "
+                          "LEFT JOIN StringIds s ON s.id = n.textId WHERE ((n.globalTid >> 24) & 16777215) = ? AND "
+                          "coalesce(n.text, s.value) IN ('ncclGroupStart', 'ncclSend', 'ncclRecv') ORDER BY n.start",
+                          (pid,)).fetchall()
+        out, n, seen = [], -1, []
+        for rowid, name, _, _ in rows:
+            if name == "ncclGroupStart":
+                n, seen = n + 1, []
+                # call n: rank r sends (r + 1) MiB + n KiB to group rank 0 and 3 (r + 1) MiB + n KiB to group rank 1
+                out.append(([(rank + 1) * MIB + n * 1024, 3 * (rank + 1) * MIB + n * 1024],
+                            [(s + 1) * (1 + 2 * rank) * MIB + n * 1024 for s in (0, 1)]))
+                continue
+            peer = sum(1 for x in seen if x == name)
+            seen.append(name)
+            size = out[-1][0 if name == "ncclSend" else 1][peer]
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = ? WHERE rowid = ?",
+                       (blob(16777226 if name == "ncclSend" else 16777225, struct.pack("<QQi", comm, size, peer)), rowid))
+        start, tid = rows[0][2], rows[0][3]
+        db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId, binaryData) "
+                   "VALUES (?, ?, 59, 'ncclCommInitRank', ?, 1, ?)",
+                   (start - 2000, start - 1000, tid, blob(16777218, struct.pack("<Qiii", comm, 2, rank, 0))))
+        written[pid] = out
+    db.execute("UPDATE META_DATA_EXPORT SET value = 'true' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
+    db.commit()
+    db.close()
+    return written
+
+
+@needs_real
+def test_payload_blobs_give_the_matrix_written_and_nccls_ranks(tmp_path):
+    """The ranks are NCCL's (swapped against the devices on purpose: pid 144 drives device 0 and is
+    rank 1), and the matrix is the sum of what each call's payloads say, computed here from what was
+    written: call n sends 1 MiB + n KiB and 3 MiB + n KiB from rank 0, 2 and 6 MiB (+ n KiB) from
+    rank 1. Process 145's last two groups launched their kernels after the window: left out."""
+    p = tmp_path / "fastvideo_blobs.sqlite"
+    written = _fill(BEFORE, p, {144: 1, 145: 0})
+    a = analyze(p)
+    assert [(r["rank"], r["identity"]["pid"]) for r in a["ranks"]] == [(0, 145), (1, 144)]
+    assert a["source"]["rank_rule"] == "the trace's own rank"
+    t = a["phases"]["trace"]["all_to_all"]
+    calls = 32  # groups 0..31 of each process: their kernels are in the window
+    sent = {1: written[144][:calls], 0: written[145][:calls]}  # rank -> its groups' (send, recv)
+    truth = [[sum(call[0][d] for call in sent[s]) for d in (0, 1)] for s in (0, 1)]
+    assert (t["axis"], t["sizes"], t["sized_calls"], t["unsized_calls"]) == ("cp", "recorded", calls, 0)
+    assert t["matrix"] == truth and t["consistent"] is True and t["ranks"] == [0, 1]
+    received = [truth[0][d] + truth[1][d] for d in (0, 1)]
+    assert t["received"] == received and t["hot_rank"] == 1
+    assert t["imbalance"] == pytest.approx(received[1] / (sum(received) / 2), rel=1e-12)
+    assert t["skew"].startswith("rank 1 receives 1.50x the mean of the CP all-to-all")
+    # without the sizes' skew being the cause of the waiting, no finding; its words never speak of experts
+    words = (t.get("finding") or "") + (t.get("note") or "")
+    assert "expert" not in words and "routing" not in words and "the uneven split is not what holds" in words
+
+
+def test_the_decoder_on_its_edges():
+    """What real exports vary: the schema's first offset NULL (0), a header naming another domain, a
+    blob too short for its schema, a group nested in a group, a send outside any group."""
+    known = {(1, 7): (24, [("NCCL communicator ID", 0, 8, False), ("Message size [bytes]", 8, 8, False),
+                           ("Peer rank", 16, 4, True)])}
+    payload = struct.pack("<QQi", 9, 4096, 1) + b"\0" * 4
+    blob = struct.pack("<QQQQ", 1, 7, 24, 32) + payload
+    assert nvtx_payloads.decode(blob, known) == {"NCCL communicator ID": 9, "Message size [bytes]": 4096, "Peer rank": 1}
+    assert nvtx_payloads.decode(struct.pack("<QQQQ", 3, 7, 24, 32) + payload, known)["Peer rank"] == 1
+    assert nvtx_payloads.decode(blob[:40], known) is None and nvtx_payloads.decode(None, known) is None
+    assert nvtx_payloads.decode(struct.pack("<QQQQ", 1, 8, 24, 32) + payload, known) is None
+    rows = [(0, 1, 5, "ncclSend", blob), (2, 3, 5, "ncclGroupStart", None), (4, 5, 5, "ncclGroupStart", None),
+            (6, 7, 5, "ncclSend", blob), (8, 9, 5, "ncclGroupEnd", None), (10, 11, 5, "ncclRecv", blob),
+            (12, 20, 5, "ncclGroupEnd", None)]
+    (g,) = nvtx_payloads.groups(rows, known)
+    assert (g.start, g.end_start, g.end, g.send, g.recv, g.comm, g.ops) == (2, 12, 20, {1: 4096}, {1: 4096}, 9, 2)
+    ((_, args),) = nvtx_payloads.splits([g], {})
+    assert args == {"nccl_peer_send_bytes": [0, 4096], "nccl_peer_recv_bytes": [0, 4096]}
