@@ -156,3 +156,28 @@ def test_the_decoder_on_its_edges():
     assert (g.start, g.end_start, g.end, g.send, g.recv, g.comm, g.ops) == (2, 12, 20, {1: 4096}, {1: 4096}, 9, 2)
     ((_, args),) = nvtx_payloads.splits([g], {})
     assert args == {"nccl_peer_send_bytes": [0, 4096], "nccl_peer_recv_bytes": [0, 4096]}
+
+
+@needs_real
+@pytest.mark.parametrize("name, waits, last", [("before", (11396, 2452), (11, 22)), ("after", (4511, 18275), (15, 16))])
+def test_the_real_exports_waits_are_the_kernels_own(name, waits, last):
+    """The matched all-to-alls' waiting per rank against a truth from the raw kernel rows: the n-th
+    SendRecv kernel of each device is one call (the first too: launched before the window, it is
+    matched as an unknown op); the last arriver (starts within 1 µs are one arrival: of them, the one
+    that left first) sets the transfer, and each rank waits its time in the call beyond it."""
+    path = FASTVIDEO / f"mfu_2gpu_{name}.sqlite"
+    k = {d: _raw(path, "SELECT k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = "
+                       "k.demangledName WHERE s.value LIKE 'ncclDevKernel_SendRecv%' AND deviceId = ? ORDER BY k.start", d)
+         for d in (0, 1)}
+    wait, times_last = [0, 0], [0, 0]
+    for calls in zip(k[0], k[1]):
+        start, dur = [c[0] for c in calls], [c[1] - c[0] for c in calls]
+        tied = [r for r in (0, 1) if start[r] >= max(start) - 1000]
+        lr = min(tied, key=lambda r: start[r] + dur[r])
+        times_last[lr] += 1
+        for r in (0, 1):
+            wait[r] += max(0, dur[r] - dur[lr])
+    assert [round(w / 1000) for w in wait] == list(waits) and tuple(times_last) == last
+    rows = {r["rank"]: r for r in analyze(path)["collectives"]["ranks"]}
+    assert [rows[r]["wait_us"] for r in (0, 1)] == pytest.approx([w / 1000 for w in wait], abs=1e-6)
+    assert [rows[r]["times_last"] for r in (0, 1)] == list(times_last)
