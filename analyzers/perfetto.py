@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from commprobe.common.errors import InputError
-from commprobe.common.vocab import CATEGORY_LABEL
+from commprobe.common.vocab import CATEGORY_LABEL, a2a_words
 
 from .analysis import SCHEMA, analyze_with_calls
 from .cross_rank.headroom import call_savings
@@ -121,7 +121,7 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
     if window is not None and window not in result["phases"]:
         raise PerfettoError(f"--window {window}: this trace's phases are {', '.join(result['phases']) or 'none'}")
     by_file: dict[str, list[dict]] = {}
-    for rk in result["ranks"]:
+    for rk in result["ranks"]:  # a rank of a multi-process file (Nsight, rocpd) is "FILE#pid=P,device=D"
         by_file.setdefault(str(rk["file"]), []).append(rk)
     offsets = {int(r): float(v) for r, v in result["collectives"]["offsets_us"].items()}
     rules = load_rules(rules_file) if rules_file else []
@@ -135,7 +135,7 @@ def export(path: str | Path, out: str | Path, *, ranks: str | None = None, windo
     written: dict[int, dict] = {}
     try:
         for f in files:
-            mine = list(by_file.get(str(f), []))
+            mine = [rk for name, rks in by_file.items() if name == str(f) or name.startswith(f"{f}#") for rk in rks]
             for trace in traces_in(f, rank_from):
                 rk = _which(mine, trace)
                 if rk is None or (wanted is not None and rk["rank"] not in wanted):
@@ -176,7 +176,8 @@ def _imbalance(w: _Writer, r: int, calls, traffic: dict, offsets: dict, window: 
             continue
         for k, imb in t["calls"]:
             if (t["group"], k) in at:
-                w.add({"ph": "C", "name": "EP all-to-all imbalance (busiest receiver / mean)", "cat": "commprobe",
+                w.add({"ph": "C", "name": f"{a2a_words(t.get('axis', 'ep'))} imbalance (busiest receiver / mean)",
+                       "cat": "commprobe",
                        "ts": round(at[t["group"], k], 3), "pid": r, "args": {"imbalance": round(imb, 4)}})
 
 

@@ -6,6 +6,7 @@ filled in the layout real exports use give the matrix written, exactly, and the 
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import struct
@@ -181,3 +182,25 @@ def test_the_real_exports_waits_are_the_kernels_own(name, waits, last):
     rows = {r["rank"]: r for r in analyze(path)["collectives"]["ranks"]}
     assert [rows[r]["wait_us"] for r in (0, 1)] == pytest.approx([w / 1000 for w in wait], abs=1e-6)
     assert [rows[r]["times_last"] for r in (0, 1)] == list(times_last)
+
+
+@needs_real
+def test_the_perfetto_export_of_a_multi_process_export_has_every_rank_and_each_calls_imbalance(tmp_path):
+    """An export holding both processes: the merged trace has both ranks (their parts are named
+    FILE#pid=P,device=D; they were once none) with each device's 33 SendRecv kernels, and the counter
+    track has each sized call's busiest receiver over the mean, computed here from what was written."""
+    p = tmp_path / "fastvideo_blobs.sqlite"
+    written = _fill(BEFORE, p, {144: 1, 145: 0})
+    out = tmp_path / "merged.json"
+    r = run_cli("analyze", str(p), "--perfetto", str(out))
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(out.read_text())["traceEvents"]
+    kernels = [e["pid"] for e in ev if e.get("ph") == "X" and e["name"].startswith("ncclDevKernel_SendRecv")]
+    assert sorted(kernels) == [0] * 33 + [1] * 33
+    counter = [e["args"]["imbalance"] for e in ev if e.get("ph") == "C" and "imbalance" in e["name"]]
+    assert all(e["name"].startswith("CP all-to-all") for e in ev if e.get("ph") == "C" and "imbalance" in e["name"])
+    truth = []
+    for n in range(32):  # rank 0 is process 145, rank 1 process 144
+        got = [written[145][n][0][d] + written[144][n][0][d] for d in (0, 1)]
+        truth.append(round(max(got) / (sum(got) / 2), 4))
+    assert counter == truth

@@ -395,7 +395,7 @@ def attach(phases: dict, per_rank: dict[int, dict], timings: dict | None = None,
         if t is None:
             continue
         if t.get("_series"):
-            series[phase] = {"group": t["group"], "calls": t["_series"]}
+            series[phase] = {"group": t["group"], "axis": t["axis"], "calls": t["_series"]}
         t.pop("_series", None)
         judge(t, doc.get("communication_cause"))
         if int(doc.get("windows") or 0) > MAX_WINDOWS:  # a rank keeps this many windows per phase
