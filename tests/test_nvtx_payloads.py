@@ -204,3 +204,36 @@ def test_the_perfetto_export_of_a_multi_process_export_has_every_rank_and_each_c
         got = [written[145][n][0][d] + written[144][n][0][d] for d in (0, 1)]
         truth.append(round(max(got) / (sum(got) / 2), 4))
     assert counter == truth
+
+
+@needs_real
+@pytest.mark.parametrize("damage", ["text", "short", "huge-size", "huge-payload-size", "negative-schema", "int-names"])
+def test_damaged_payloads_are_no_size_never_a_traceback(tmp_path, damage):
+    """Blobs and schema rows a hostile or damaged export can hold: the calls they touch carry no size
+    (the analysis runs, exit 0, and says what it could not tell), never a traceback."""
+    p = tmp_path / "damaged.sqlite"
+    _fill(BEFORE, p, {144: 1, 145: 0})
+    db = sqlite3.connect(p)
+    blob = "binaryData IS NOT NULL"
+    if damage == "text":
+        db.execute(f"UPDATE NVTX_EVENTS SET binaryData = 'not a blob' WHERE {blob}")
+    elif damage == "short":
+        db.execute(f"UPDATE NVTX_EVENTS SET binaryData = substr(binaryData, 1, 35) WHERE {blob}")
+    elif damage == "huge-size":  # a message of 2^63 - 1 bytes
+        db.execute(f"UPDATE NVTX_EVENTS SET binaryData = substr(binaryData, 1, 40) || x'ffffffffffffff7f' || "
+                   f"substr(binaryData, 49) WHERE {blob}")
+    elif damage == "huge-payload-size":
+        db.execute(f"UPDATE NVTX_EVENTS SET binaryData = substr(binaryData, 1, 16) || x'ffffffffffffffff' || "
+                   f"substr(binaryData, 25) WHERE {blob}")
+    elif damage == "negative-schema":
+        db.execute("UPDATE NVTX_PAYLOAD_SCHEMAS SET payloadSize = -8")
+        db.execute('UPDATE NVTX_PAYLOAD_SCHEMA_ENTRIES SET "offset" = -40')
+    else:
+        db.execute("UPDATE StringIds SET value = 12345 WHERE value IN ('ncclSend', 'ncclGroupStart', 'nccl:all_to_all')")
+        db.execute("UPDATE NVTX_EVENTS SET text = 7 WHERE text = 'ncclCommInitRank'")
+    db.commit()
+    db.close()
+    r = run_cli("analyze", str(p), "--json", "--jobs", "1")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    t = json.loads(r.stdout)["phases"]["trace"]["all_to_all"]
+    assert t["sizes"] == "not recorded" and t["finding"] is None, t

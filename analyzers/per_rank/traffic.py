@@ -117,7 +117,7 @@ def payload_splits(args: dict) -> tuple[int, list[int], list[int]] | None:
     (readers/nvtx_payloads.splits); None where the call has none."""
     send, recv = args.get("nccl_peer_send_bytes"), args.get("nccl_peer_recv_bytes")
     if not (isinstance(send, list) and isinstance(recv, list) and send and len(send) == len(recv) <= MAX_GROUP
-            and all(isinstance(x, int) and x >= 0 for x in send + recv)):
+            and all(isinstance(x, int) and 0 <= x <= 1 << 50 for x in send + recv)):
         return None
     own = args.get("nccl_comm_rank")
     return (own if isinstance(own, int) and 0 <= own < len(send) else -1), send, recv

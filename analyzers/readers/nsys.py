@@ -295,7 +295,8 @@ def _peer_bytes(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtime: 
         got = nvtx_payloads.splits(nvtx_payloads.groups(rows, ex.payload_schemas),
                                    nvtx_payloads.comm_ranks([(r[3], r[4]) for r in inits], ex.payload_schemas))
     why = nvtx_payloads.missing_reason(ex.db, ex.tables, ex.nvtx_columns, sends, len(got),
-                                       any(n.startswith("nccl") and not n.startswith("nccl:") for *_, n in nvtx))
+                                       any(isinstance(n, str) and n.startswith("nccl") and not n.startswith("nccl:")
+                                           for *_, n in nvtx))
     if why:
         trace.extra["a2a_sizes_missing"] = why
     if not got:
@@ -307,7 +308,7 @@ def _peer_bytes(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtime: 
         at.setdefault(float(trace.ts[i]), []).append(i)
     ranges: dict[int, list[tuple]] = {}  # per thread, torch's all-to-all ranges by start
     for s, e, t, n in sorted(nvtx):
-        if n.startswith(_A2A_RANGES):
+        if isinstance(n, str) and n.startswith(_A2A_RANGES):
             ranges.setdefault(t, []).append((s, e, n))
     starts = {t: [x[0] for x in v] for t, v in ranges.items()}
     for g, args in got:

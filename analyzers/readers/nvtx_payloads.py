@@ -34,6 +34,7 @@ _TYPES = {1: (1, True), 2: (1, False), 3: (2, True), 4: (2, False), 5: (4, True)
 HEADER = 32
 MAX_BLOB = 1 << 16  # an NCCL payload is a few dozen bytes: a larger blob is not one
 MAX_PEERS = 4096  # as per_rank/traffic.MAX_GROUP
+MAX_BYTES = 1 << 50  # one message of a petabyte is not one: the matrices sum calls in int64
 BYTES_KEYS = ("Message size [bytes]", "Bytes")
 GROUP_NAMES = ("ncclGroupStart", "ncclGroupEnd", "ncclSend", "ncclRecv")
 INIT_PREFIX = "ncclCommInitRank"
@@ -46,12 +47,14 @@ def schemas(db: sqlite3.Connection, tables: set[str]) -> dict[tuple[int, int], t
     if not {"NVTX_PAYLOAD_SCHEMAS", "NVTX_PAYLOAD_SCHEMA_ENTRIES"} <= tables:
         return {}
     sizes = {(d, s): n for d, s, n in db.execute("SELECT domainId, schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS")
-             if all(type(v) is int for v in (d, s, n))}
+             if all(type(v) is int for v in (d, s, n)) and 0 < n <= MAX_BLOB}
     fields: dict[tuple[int, int], dict[int, tuple]] = {}
     for d, s, idx, typ, name, off in db.execute(
             'SELECT domainId, schemaId, idx, "type", name, "offset" FROM NVTX_PAYLOAD_SCHEMA_ENTRIES'):
         if (d, s) in sizes and type(idx) is int and typ in _TYPES and isinstance(name, str):
             off = off if type(off) is int else 0
+            if off < 0:
+                continue
             fields.setdefault((d, s), {}).setdefault(idx, (name, off, *_TYPES[typ]))
     return {k: (sizes[k], [f[i] for i in sorted(f)]) for k, f in fields.items()}
 
@@ -112,7 +115,7 @@ def groups(rows: list[tuple], known: dict) -> list[Group]:
             p = decode(blob, known)
             size = next((p[k] for k in BYTES_KEYS if p and k in p), None)
             peer = (p or {}).get("Peer rank")
-            if size is None or peer is None or not 0 <= peer < MAX_PEERS or size < 0:
+            if size is None or peer is None or not 0 <= peer < MAX_PEERS or not 0 <= size <= MAX_BYTES:
                 continue
             side = g.send if name == "ncclSend" else g.recv
             side[peer] = side.get(peer, 0) + size
@@ -126,7 +129,7 @@ def comm_ranks(rows: list[tuple], known: dict) -> dict[int | None, tuple[int, in
     source): only where this process holds one rank of it."""
     found: dict[int | None, set[tuple[int, int]]] = {}
     for name, blob in rows:
-        if not name.startswith(INIT_PREFIX):
+        if not (isinstance(name, str) and name.startswith(INIT_PREFIX)):
             continue
         p = decode(blob, known) or {}
         rank, n = p.get("Rank"), p.get("No. of ranks")
