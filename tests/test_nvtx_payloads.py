@@ -16,19 +16,12 @@ import pytest
 from commprobe.analyzers.analysis import analyze
 from commprobe.analyzers.readers import nvtx_payloads
 from tests.conftest import ROOT, run_cli
+from tests.test_nsys import _sql  # read-only SQL on a real export: the tests' own truth
 
 FASTVIDEO = ROOT / "tests" / "data" / "traces" / "nsys-ai-fastvideo"
 BEFORE = FASTVIDEO / "mfu_2gpu_before.sqlite"
 needs_real = pytest.mark.usefixtures("real_traces")
 MIB = 1 << 20
-
-
-def _raw(path, q, *args):
-    db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-    try:
-        return db.execute(q, args).fetchall()
-    finally:
-        db.close()
 
 
 @needs_real
@@ -37,19 +30,19 @@ def test_the_real_exports_are_cp_all_to_all_whose_sizes_the_export_left_out():
     ncclRecv) x 2 peers, ncclGroupEnd; the export's own metadata says blobs were not included and no
     row has one. The analysis calls them CP (attention between them, no experts), counts them, and
     says what cannot be told and the export command that would tell it."""
-    pids = [p for (p,) in _raw(BEFORE, "SELECT DISTINCT (globalPid >> 24) & 16777215 FROM CUPTI_ACTIVITY_KIND_KERNEL")]
+    pids = [p for (p,) in _sql(BEFORE, "SELECT DISTINCT (globalPid >> 24) & 16777215 FROM CUPTI_ACTIVITY_KIND_KERNEL")]
     assert sorted(pids) == [144, 145]
-    assert _raw(BEFORE, "SELECT count(binaryData), count(jsonText) FROM NVTX_EVENTS") == [(0, 0)]
-    assert _raw(BEFORE, "SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'") == [("false",)]
+    assert _sql(BEFORE, "SELECT count(binaryData), count(jsonText) FROM NVTX_EVENTS") == [(0, 0)]
+    assert _sql(BEFORE, "SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'") == [("false",)]
     for pid, groups in ((144, 32), (145, 34)):  # the window cut the capture: 2 of 145's groups launch after it
-        names = [n for (n,) in _raw(BEFORE, "SELECT coalesce(n.text, s.value) FROM NVTX_EVENTS n LEFT JOIN StringIds s "
+        names = [n for (n,) in _sql(BEFORE, "SELECT coalesce(n.text, s.value) FROM NVTX_EVENTS n LEFT JOIN StringIds s "
                                             "ON s.id = n.textId WHERE ((n.globalTid >> 24) & 16777215) = ? AND "
                                             "coalesce(n.text, s.value) IN ('ncclGroupStart', 'ncclGroupEnd', 'ncclSend', "
                                             "'ncclRecv') ORDER BY n.start", pid)]
         assert names == ["ncclGroupStart", "ncclSend", "ncclRecv", "ncclSend", "ncclRecv", "ncclGroupEnd"] * groups
     # 33 SendRecv kernels per device: the first launched before the window (an unknown op: no launch), then
     # one per group, in order (its launch is the cuLaunchKernelEx inside its ncclGroupEnd)
-    kernels = _raw(BEFORE, "SELECT k.deviceId, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON "
+    kernels = _sql(BEFORE, "SELECT k.deviceId, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON "
                            "s.id = k.demangledName WHERE s.value LIKE 'ncclDevKernel_SendRecv%' GROUP BY 1")
     assert kernels == [(0, 33), (1, 33)]
     t = analyze(BEFORE)["phases"]["trace"]["all_to_all"]
@@ -167,7 +160,7 @@ def test_the_real_exports_waits_are_the_kernels_own(name, waits, last):
     matched as an unknown op); the last arriver (starts within 1 µs are one arrival: of them, the one
     that left first) sets the transfer, and each rank waits its time in the call beyond it."""
     path = FASTVIDEO / f"mfu_2gpu_{name}.sqlite"
-    k = {d: _raw(path, "SELECT k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = "
+    k = {d: _sql(path, "SELECT k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = "
                        "k.demangledName WHERE s.value LIKE 'ncclDevKernel_SendRecv%' AND deviceId = ? ORDER BY k.start", d)
          for d in (0, 1)}
     wait, times_last = [0, 0], [0, 0]
