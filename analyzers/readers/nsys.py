@@ -137,13 +137,17 @@ class Export:
 
     @cached_property
     def payload_schemas(self) -> dict:
-        """NVTX payload schemas (nvtx_payloads.schemas), where the export has blobs to decode with them."""
-        return nvtx_payloads.schemas(self.db, self.tables) if "binaryData" in self.nvtx_columns else {}
+        """NVTX payload schemas (nvtx_payloads.schemas), where the export may hold blobs to decode with
+        them: a binaryData column, and not exported with EXPORT_PARAM_INCLUDE_BLOBS false (so an export
+        without blobs costs no query of its NVTX rows beyond the one every export has)."""
+        if "binaryData" not in self.nvtx_columns or nvtx_payloads.export_flag(self.db, self.tables) == "false":
+            return {}
+        return nvtx_payloads.schemas(self.db, self.tables)
 
     def nccl_rows(self, pid: int, names: tuple[str, ...], like: str | None = None) -> list[tuple]:
         """(start, end, globalTid, name, blob) of this process's NCCL ranges named `names` (or LIKE
         `like`), in (thread, start) order; the blob None where the export has none."""
-        blob = "n.binaryData" if "binaryData" in self.nvtx_columns and self.payload_schemas else "NULL"
+        blob = "n.binaryData" if self.payload_schemas else "NULL"
         text = "coalesce(n.text, s.value, '')"
         where = f"{text} LIKE ?" if like else f"{text} IN ({','.join('?' * len(names))})"
         rows = self.db.execute(
@@ -287,7 +291,11 @@ def _peer_bytes(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtime: 
     """NCCL's per-peer bytes of each grouped send/receive (nvtx_payloads.py) on the call's events: the
     kernel its ncclGroupEnd launched and the torch all-to-all ranges around it (Trace.a2a_args, what
     per_rank/traffic.py reads); where the export holds none, why (extra["a2a_sizes_missing"])."""
-    rows = ex.nccl_rows(pid, nvtx_payloads.GROUP_NAMES)
+    if ex.payload_schemas:  # the blobs too: one more query of this process's NCCL ranges
+        rows = ex.nccl_rows(pid, nvtx_payloads.GROUP_NAMES)
+    else:  # the ranges already read, in (thread, start) order
+        rows = sorted(((s, e, t, n, None) for s, e, t, n in nvtx if n in nvtx_payloads.GROUP_NAMES),
+                      key=lambda r: (r[2], r[0]))
     sends = sum(1 for r in rows if r[3] in ("ncclSend", "ncclRecv"))
     got = []
     if any(r[4] is not None for r in rows):

@@ -168,6 +168,14 @@ def splits(gs: list[Group], ranks: dict) -> list[tuple[Group, dict]]:
     return out
 
 
+def export_flag(db: sqlite3.Connection, tables: set[str]) -> str | None:
+    """The export's EXPORT_PARAM_INCLUDE_BLOBS ("true", "false"), None where it does not say (older nsys)."""
+    if "META_DATA_EXPORT" not in tables:
+        return None
+    row = db.execute("SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'").fetchone()
+    return row[0] if row and isinstance(row[0], str) else None
+
+
 def missing_reason(db: sqlite3.Connection, tables: set[str], nvtx_columns: set[str], sends: int, decoded: int,
                    nccl_ranges: bool) -> str | None:
     """Why an export's all-to-alls carry no sizes, in the words that would mend it; None where it
@@ -180,10 +188,7 @@ def missing_reason(db: sqlite3.Connection, tables: set[str], nvtx_columns: set[s
     if not sends:
         return ("the Nsight export holds no NCCL NVTX ranges, whose ncclSend/ncclRecv payloads carry the sizes and "
                 "peers: profile with `nsys profile --trace=cuda,nvtx` (NCCL records NVTX by default)")
-    flag = None
-    if "META_DATA_EXPORT" in tables:
-        row = db.execute("SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'").fetchone()
-        flag = row[0] if row else None
+    flag = export_flag(db, tables)
     if "binaryData" not in nvtx_columns or flag == "false":
         return (f"the Nsight export left out the payloads of NCCL's {sends} ncclSend/ncclRecv NVTX ranges, which "
                 "hold the sizes and peers" + (" (EXPORT_PARAM_INCLUDE_BLOBS false)" if flag == "false" else "")
