@@ -49,7 +49,10 @@ def sequence_parallel(trace: Trace, category: np.ndarray, comm_idx: np.ndarray, 
         return []
     for i in a2a.tolist():
         comm_axis[i], category[i] = "cp", category_for("all_to_all", "cp")
-    return [f"{len(a2a)} all-to-all(s) are CP (sequence-parallel attention, Ulysses-style): attention runs between "
+    dev = int(trace.is_device()[a2a].sum())  # events, not calls: a call is a kernel and the host ops around it
+    what = ("host op(s)" if not dev else "kernel(s)" if dev == len(a2a) else
+            f"event(s) ({dev} kernel(s), {len(a2a) - dev} host op(s))")
+    return [f"{len(a2a)} all-to-all {what} are CP (sequence-parallel attention, Ulysses-style): attention runs between "
             f"them ({int(between.sum())} time(s)) and nothing of experts or routing is in the trace"]
 
 
