@@ -236,8 +236,8 @@ def test_a_synthetic_nccl_export_analyzes_like_the_same_scenario_in_kineto_json(
     assert b["axis_provenance"] == {"tp_allreduce": {"inferred": 8}, "ep_all_to_all": {"inferred": 8}}
     assert b["kernel_links"]["linked"] == 16 and [r["rank"] for r in b["ranks"]] == [0, 1]
     assert set(b["ranks"][0]["phases"]) == {"prefill", "decode"} and b["ranks"][0]["phase_rule"]["rule"] == "trtllm"
-    note = b["phases"]["decode"]["all_to_all"]["note"]  # NCCL's ncclAllToAll range: one size, no peers
-    assert "NCCL's NVTX ranges here record no per-peer sizes" in note, note
+    note = b["phases"]["decode"]["all_to_all"]["note"]  # its ncclAllToAll ranges, exported with no payload column
+    assert "left out the payloads of NCCL's 4 ncclSend/ncclRecv/ncclAlltoAll NVTX ranges" in note, note
     waits = b["ranks"][0]["phases"]["decode"]["categories"]["tp_allreduce"]["exposed_wait_us"]
     assert waits == pytest.approx(3 * 50, rel=1e-6)  # rank 0 waits 50 µs for rank 1 in each decode step
 

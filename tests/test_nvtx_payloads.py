@@ -230,3 +230,63 @@ def test_damaged_payloads_are_no_size_never_a_traceback(tmp_path, damage):
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     t = json.loads(r.stdout)["phases"]["trace"]["all_to_all"]
     assert t["sizes"] == "not recorded" and t["finding"] is None, t
+
+
+def _one_call_all_to_all(src, dst, with_init: bool) -> dict[int, list[int]]:
+    """A copy of the real export whose every group is NCCL 2.28's one-call ncclAlltoAll instead: one
+    range from the group's start to its end (the kernel's launch inside it, as NCCL launches it),
+    its payload {communicator, bytes per peer} in a schema added as nsys would export NCCL's
+    (NcclNvtxParamsAlltoAll); with or without the processes' ncclCommInitRank (their ranks 0 and 1).
+    Returns per pid the bytes per peer of each call, in order."""
+    shutil.copy(src, dst)
+    db = sqlite3.connect(dst)
+    sid = 16777240
+    db.execute("INSERT INTO NVTX_PAYLOAD_SCHEMAS (domainId, schemaId, type, numEntries, payloadSize) "
+               "VALUES (1, ?, 1, 2, 16)", (sid,))
+    db.execute('INSERT INTO NVTX_PAYLOAD_SCHEMA_ENTRIES (domainId, schemaId, idx, "type", name, "offset") VALUES '
+               "(1, ?, 0, 18, 'NCCL communicator ID', NULL), (1, ?, 1, 22, 'Message size [bytes]', 8)", (sid, sid))
+    init = db.execute("SELECT DISTINCT payloadSize FROM NVTX_PAYLOAD_SCHEMAS WHERE schemaId = 16777218").fetchone()[0]
+    comm, written = 0x5EED_C0FFEE, {}
+    for pid, rank in ((145, 0), (144, 1)):
+        rows = db.execute("SELECT n.rowid, coalesce(n.text, s.value), n.start, n.globalTid FROM NVTX_EVENTS n "
+                          "LEFT JOIN StringIds s ON s.id = n.textId WHERE ((n.globalTid >> 24) & 16777215) = ? AND "
+                          "coalesce(n.text, s.value) IN ('ncclGroupStart', 'ncclSend', 'ncclRecv', 'ncclGroupEnd') "
+                          "ORDER BY n.start", (pid,)).fetchall()
+        out, first = [], None
+        for rowid, name, start, _ in rows:
+            if name == "ncclGroupStart":
+                first = start
+            if name != "ncclGroupEnd":
+                db.execute("DELETE FROM NVTX_EVENTS WHERE rowid = ?", (rowid,))
+                continue
+            out.append((1 + rank) * MIB + len(out) * 4096)
+            blob = struct.pack("<QQQQ", 1, sid, 16, 32) + struct.pack("<QQ", comm, out[-1])
+            db.execute("UPDATE NVTX_EVENTS SET text = 'ncclAlltoAll', textId = NULL, start = ?, binaryData = ? "
+                       "WHERE rowid = ?", (first, blob, rowid))
+        if with_init:
+            db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId, binaryData) "
+                       "VALUES (?, ?, 59, 'ncclCommInitRank', ?, 1, ?)",
+                       (rows[0][2] - 2000, rows[0][2] - 1000, rows[0][3],
+                        struct.pack("<QQQQ", 1, 16777218, init, 32) + struct.pack("<Qiii", comm, 2, rank, 0).ljust(init, b"\0")))
+        written[pid] = out
+    db.execute("UPDATE META_DATA_EXPORT SET value = 'true' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
+    db.commit()
+    db.close()
+    return written
+
+
+@needs_real
+def test_ncclalltoall_is_an_even_split_and_a_matrix_where_the_communicator_is_known(tmp_path):
+    """NCCL 2.28's one-call all-to-all sends every peer the same bytes: without the communicator's
+    size the calls are even splits (no routing skew can show in bytes), with it (ncclCommInitRank)
+    the matrix, each call's bytes to every peer: rank 0 sends 1 MiB + n x 4 KiB to each, rank 1 twice."""
+    p = tmp_path / "even.sqlite"
+    _one_call_all_to_all(BEFORE, p, with_init=False)
+    t = analyze(p)["phases"]["trace"]["all_to_all"]
+    assert (t["sizes"], t["even_calls"], t["unsized_calls"], t["finding"]) == ("even splits", 32, 0, None), t
+    q = tmp_path / "matrix.sqlite"
+    written = _one_call_all_to_all(BEFORE, q, with_init=True)
+    t = analyze(q)["phases"]["trace"]["all_to_all"]
+    sent = {0: sum(written[145][:32]), 1: sum(written[144][:32])}  # rank -> bytes per peer over the 32 calls
+    assert t["sizes"] == "recorded" and t["matrix"] == [[sent[0], sent[0]], [sent[1], sent[1]]], t
+    assert t["received"] == [sent[0] + sent[1]] * 2 and t["imbalance"] == 1.0 and t["skew"] is None

@@ -79,10 +79,13 @@ def c10d_splits(args: dict) -> tuple[list[int], list[int]] | None:
 
 def even_split(args: dict) -> bool:
     """Whether an all-to-all's recorded args say it splits evenly: torch's c10d op with both split
-    lists recorded empty and its tensors' shapes recorded, or NCCL's "In/Out split size" "[]"."""
+    lists recorded empty and its tensors' shapes recorded, NCCL's "In/Out split size" "[]", or NCCL's
+    one-call ncclAlltoAll in an Nsight export (its bytes per peer, the communicator's size unknown)."""
     concrete, dims = args.get("Concrete Inputs"), args.get("Input Dims")
     if isinstance(concrete, list) and len(concrete) >= 5 and isinstance(dims, list) and len(dims) >= 2:
         return concrete[3] == concrete[4] == "[]" and all(isinstance(d, list) and d for d in dims[:2])
+    if isinstance(args.get("nccl_uniform_bytes"), int):  # NCCL's ncclAlltoAll, its communicator's size unknown
+        return True
     return args.get("In split size") == args.get("Out split size") == "[]" and isinstance(args.get("In msg nelems"), int)
 
 

@@ -296,7 +296,7 @@ def _peer_bytes(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtime: 
     else:  # the ranges already read, in (thread, start) order
         rows = sorted(((s, e, t, n, None) for s, e, t, n in nvtx if n in nvtx_payloads.GROUP_NAMES),
                       key=lambda r: (r[2], r[0]))
-    sends = sum(1 for r in rows if r[3] in ("ncclSend", "ncclRecv"))
+    sends = sum(1 for r in rows if r[3] in ("ncclSend", "ncclRecv", *nvtx_payloads.ALLTOALL_NAMES))
     got = []
     if any(r[4] is not None for r in rows):
         inits = ex.nccl_rows(pid, (), like=nvtx_payloads.INIT_PREFIX + "%")

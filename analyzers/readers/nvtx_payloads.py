@@ -2,16 +2,18 @@
 payloads of NCCL's NVTX ranges (NVIDIA/nccl src/include/nvtx_payload_schemas.h).
 
 NCCL attaches a typed payload to each API range: ncclSend and ncclRecv carry {"NCCL communicator
-ID", "Message size [bytes]", "Peer rank"} (before NCCL 2.23: {"Bytes", "Peer rank"}),
+ID", "Message size [bytes]", "Peer rank"} (older NCCL: {"Bytes", "Peer rank"}, no communicator),
 ncclCommInitRank {"NCCL communicator ID", "No. of ranks", "Rank", "CUDA device"}. An all-to-all
 (torch's all_to_all_single on NCCL) is one ncclGroupStart .. ncclGroupEnd holding a send and a receive
-per peer (torch leaves out a peer whose count is 0), its kernel launched inside ncclGroupEnd.
+per peer (torch leaves out a peer whose count is 0), its kernel launched inside ncclGroupEnd; NCCL
+2.28's one-call ncclAlltoAll (RCCL: ncclAllToAll) carries {communicator, "Message size [bytes]"}, the
+bytes per peer: an even split.
 
 In the SQLite export the schemas are tables (NVTX_PAYLOAD_SCHEMAS: payloadSize per (domainId,
 schemaId); NVTX_PAYLOAD_SCHEMA_ENTRIES: name, type and offset of each field, the first field's
 offset NULL) and each range's values a blob (NVTX_EVENTS.binaryData): a 32-byte header of
-little-endian u64s (domain id, schema id, payload size, then one more) and the payload's bytes from
-byte 32. `nsys export` writes the blobs only when asked (`--include-blobs=true`; 2026.2's default
+little-endian u64s (domain id, schema id, payload size, then one that nsys-ai's two readers take for
+the total size and for the payload's offset, 32: not read here) and the payload's bytes from byte 32. `nsys export` writes the blobs only when asked (`--include-blobs=true`; 2026.2's default
 is false, EXPORT_PARAM_INCLUDE_BLOBS in META_DATA_EXPORT): the real FastVideo exports in
 tests/data/traces/nsys-ai-fastvideo hold the schema tables and every NCCL range but no blob, and
 what cannot be told is then said with the command that would tell it (`missing_reason`).
@@ -36,7 +38,8 @@ MAX_BLOB = 1 << 16  # an NCCL payload is a few dozen bytes: a larger blob is not
 MAX_PEERS = 4096  # as per_rank/traffic.MAX_GROUP
 MAX_BYTES = 1 << 50  # one message of a petabyte is not one: the matrices sum calls in int64
 BYTES_KEYS = ("Message size [bytes]", "Bytes")
-GROUP_NAMES = ("ncclGroupStart", "ncclGroupEnd", "ncclSend", "ncclRecv")
+ALLTOALL_NAMES = ("ncclAlltoAll", "ncclAllToAll")  # NCCL 2.28's one-call all-to-all; RCCL spells it so
+GROUP_NAMES = ("ncclGroupStart", "ncclGroupEnd", "ncclSend", "ncclRecv", *ALLTOALL_NAMES)
 INIT_PREFIX = "ncclCommInitRank"
 
 
@@ -89,17 +92,24 @@ class Group:
     send: dict[int, int] = field(default_factory=dict)
     recv: dict[int, int] = field(default_factory=dict)
     ops: int = 0  # ncclSend/ncclRecv ranges in it, decoded or not
+    uniform: int | None = None  # an ncclAlltoAll: the bytes it sends every peer (and receives from each)
 
 
 def groups(rows: list[tuple], known: dict) -> list[Group]:
     """The grouped sends and receives of (start, end, tid, name, blob) rows in (tid, start) order.
     Nested groups are one (NCCL launches at the outermost ncclGroupEnd); a send outside a group is
-    a single p2p op, not an all-to-all, and is not kept."""
+    a single p2p op, not an all-to-all, and is not kept. An ncclAlltoAll outside a group is a group of
+    its own, its kernel launched inside its range; its payload's size is per peer (count x type size)."""
     out: list[Group] = []
     depth: dict[int, int] = {}
     cur: dict[int, Group] = {}
     for start, end, tid, name, blob in rows:
-        if name == "ncclGroupStart":
+        if name in ALLTOALL_NAMES and tid not in cur:
+            p = decode(blob, known) or {}
+            size = next((p[k] for k in BYTES_KEYS if k in p), None)
+            if size is not None and 0 <= size <= MAX_BYTES:
+                out.append(Group(tid, start, start, end, p.get("NCCL communicator ID"), ops=1, uniform=size))
+        elif name == "ncclGroupStart":
             if depth.get(tid, 0) == 0:
                 cur[tid] = Group(tid, start, end, end)
             depth[tid] = depth.get(tid, 0) + 1
@@ -155,6 +165,14 @@ def splits(gs: list[Group], ranks: dict) -> list[tuple[Group, dict]]:
             width[g.comm] = max(width.get(g.comm, 0), 1 + max((*g.send, *g.recv)))
     out = []
     for g in gs:
+        if g.uniform is not None:  # every peer the same bytes: a matrix where the communicator's size is known
+            if g.comm is not None and g.comm in ranks:
+                n = ranks[g.comm][1]
+                out.append((g, {"nccl_peer_send_bytes": [g.uniform] * n, "nccl_peer_recv_bytes": [g.uniform] * n,
+                                "nccl_comm_rank": ranks[g.comm][0]}))
+            else:
+                out.append((g, {"nccl_uniform_bytes": g.uniform}))
+            continue
         if not (g.send or g.recv):
             continue
         n = ranks[g.comm][1] if g.comm in ranks and g.comm is not None else width[g.comm]
@@ -183,15 +201,15 @@ def missing_reason(db: sqlite3.Connection, tables: set[str], nvtx_columns: set[s
     if decoded:
         return None
     if not sends and nccl_ranges:
-        return ("NCCL's NVTX ranges here record no per-peer sizes: its all-to-all is not run as grouped "
-                "ncclSend/ncclRecv, whose payloads carry them")
+        return ("NCCL's NVTX ranges here record no all-to-all sizes: its all-to-all is run neither as grouped "
+                "ncclSend/ncclRecv nor as ncclAlltoAll, whose payloads carry them")
     if not sends:
-        return ("the Nsight export holds no NCCL NVTX ranges, whose ncclSend/ncclRecv payloads carry the sizes and "
-                "peers: profile with `nsys profile --trace=cuda,nvtx` (NCCL records NVTX by default)")
+        return ("the Nsight export holds no NCCL NVTX ranges, whose ncclSend/ncclRecv (or ncclAlltoAll) payloads carry "
+                "the sizes: profile with `nsys profile --trace=cuda,nvtx` (NCCL records NVTX by default)")
     flag = export_flag(db, tables)
     if "binaryData" not in nvtx_columns or flag == "false":
-        return (f"the Nsight export left out the payloads of NCCL's {sends} ncclSend/ncclRecv NVTX ranges, which "
-                "hold the sizes and peers" + (" (EXPORT_PARAM_INCLUDE_BLOBS false)" if flag == "false" else "")
+        return (f"the Nsight export left out the payloads of NCCL's {sends} ncclSend/ncclRecv/ncclAlltoAll NVTX "
+                "ranges, which hold the sizes" + (" (EXPORT_PARAM_INCLUDE_BLOBS false)" if flag == "false" else "")
                 + ": export the report again with `nsys export --type sqlite --include-blobs=true`")
-    return (f"none of NCCL's {sends} ncclSend/ncclRecv NVTX ranges carries a payload this version reads (an NCCL "
-            "without payload schemas, or a schema of other field names)")
+    return (f"none of NCCL's {sends} ncclSend/ncclRecv/ncclAlltoAll NVTX ranges carries a payload this version reads "
+            "(an NCCL without payload schemas, or a schema of other field names)")
