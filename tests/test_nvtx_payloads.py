@@ -95,11 +95,20 @@ def _fill(src, dst, rank_of: dict[int, int]):
             size = out[-1][0 if name == "ncclSend" else 1][peer]
             db.execute("UPDATE NVTX_EVENTS SET binaryData = ? WHERE rowid = ?",
                        (blob(16777226 if name == "ncclSend" else 16777225, struct.pack("<QQi", comm, size, peer)), rowid))
-        start, tid = rows[0][2], rows[0][3]
-        db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId, binaryData) "
-                   "VALUES (?, ?, 59, 'ncclCommInitRank', ?, 1, ?)",
-                   (start - 2000, start - 1000, tid, blob(16777218, struct.pack("<Qiii", comm, 2, rank, 0))))
+        _init_range(db, rows[0], blob(16777218, struct.pack("<Qiii", comm, 2, rank, 0)))
         written[pid] = out
+    return _blobs_exported(db, written)
+
+
+def _init_range(db, first: tuple, blob: bytes) -> None:
+    """An ncclCommInitRank range with `blob`, just before the process's first NCCL range `first`
+    (rowid, name, start, globalTid), on its thread."""
+    db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId, binaryData) "
+               "VALUES (?, ?, 59, 'ncclCommInitRank', ?, 1, ?)", (first[2] - 2000, first[2] - 1000, first[3], blob))
+
+
+def _blobs_exported(db, written):
+    """The copy's metadata says what `nsys export --include-blobs=true` would say; the copy closed."""
     db.execute("UPDATE META_DATA_EXPORT SET value = 'true' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
     db.commit()
     db.close()
@@ -264,15 +273,10 @@ def _one_call_all_to_all(src, dst, with_init: bool) -> dict[int, list[int]]:
             db.execute("UPDATE NVTX_EVENTS SET text = 'ncclAlltoAll', textId = NULL, start = ?, binaryData = ? "
                        "WHERE rowid = ?", (first, blob, rowid))
         if with_init:
-            db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId, binaryData) "
-                       "VALUES (?, ?, 59, 'ncclCommInitRank', ?, 1, ?)",
-                       (rows[0][2] - 2000, rows[0][2] - 1000, rows[0][3],
-                        struct.pack("<QQQQ", 1, 16777218, init, 32) + struct.pack("<Qiii", comm, 2, rank, 0).ljust(init, b"\0")))
+            _init_range(db, rows[0], struct.pack("<QQQQ", 1, 16777218, init, 32)
+                        + struct.pack("<Qiii", comm, 2, rank, 0).ljust(init, b"\0"))
         written[pid] = out
-    db.execute("UPDATE META_DATA_EXPORT SET value = 'true' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
-    db.commit()
-    db.close()
-    return written
+    return _blobs_exported(db, written)
 
 
 @needs_real
