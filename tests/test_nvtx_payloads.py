@@ -55,10 +55,11 @@ def test_the_real_exports_are_cp_all_to_all_whose_sizes_the_export_left_out():
     assert line.startswith("CP all-to-all (sequence-parallel attention), trace:") and "EP" not in line
 
 
-def _fill(src, dst, rank_of: dict[int, int]):
+def _fill(src, dst, rank_of: dict[int, int], comm_of: dict[int, int] | None = None):
     """A copy of the real export with what `nsys export --include-blobs=true` would have added: each
     ncclSend/ncclRecv range's payload blob (32-byte header, then comm id, bytes, peer: the export's
-    own schema for it) and one ncclCommInitRank range per process giving it the rank `rank_of[pid]`.
+    own schema for it) and one ncclCommInitRank range per process giving it the rank `rank_of[pid]`,
+    all on one communicator (or each process on its own, `comm_of[pid]`, a communicator of 2 still).
     Returns per pid the bytes written for each group, in order: (sent to peer 0, 1), (received from 0, 1)."""
     shutil.copy(src, dst)
     db = sqlite3.connect(dst)
@@ -78,6 +79,7 @@ def _fill(src, dst, rank_of: dict[int, int]):
 
     written = {}
     for pid, rank in rank_of.items():
+        own = (comm_of or {}).get(pid, comm)
         rows = db.execute("SELECT n.rowid, coalesce(n.text, s.value), n.start, n.globalTid FROM NVTX_EVENTS n "
                           "LEFT JOIN StringIds s ON s.id = n.textId WHERE ((n.globalTid >> 24) & 16777215) = ? AND "
                           "coalesce(n.text, s.value) IN ('ncclGroupStart', 'ncclSend', 'ncclRecv') ORDER BY n.start",
@@ -94,8 +96,8 @@ def _fill(src, dst, rank_of: dict[int, int]):
             seen.append(name)
             size = out[-1][0 if name == "ncclSend" else 1][peer]
             db.execute("UPDATE NVTX_EVENTS SET binaryData = ? WHERE rowid = ?",
-                       (blob(16777226 if name == "ncclSend" else 16777225, struct.pack("<QQi", comm, size, peer)), rowid))
-        _init_range(db, rows[0], blob(16777218, struct.pack("<Qiii", comm, 2, rank, 0)))
+                       (blob(16777226 if name == "ncclSend" else 16777225, struct.pack("<QQi", own, size, peer)), rowid))
+        _init_range(db, rows[0], blob(16777218, struct.pack("<Qiii", own, 2, rank, 0)))
         written[pid] = out
     return _blobs_exported(db, written)
 
@@ -294,3 +296,22 @@ def test_ncclalltoall_is_an_even_split_and_a_matrix_where_the_communicator_is_kn
     sent = {0: sum(written[145][:32]), 1: sum(written[144][:32])}  # rank -> bytes per peer over the 32 calls
     assert t["sizes"] == "recorded" and t["matrix"] == [[sent[0], sent[0]], [sent[1], sent[1]]], t
     assert t["received"] == [sent[0] + sent[1]] * 2 and t["imbalance"] == 1.0 and t["skew"] is None
+
+
+@needs_real
+def test_each_kernel_is_named_by_its_communicator_and_two_communicators_are_never_one_call(tmp_path):
+    """NCCL's payloads name each call's communicator: the kernels take it as their process group (with
+    its size from ncclCommInitRank), so the calls of two communicators are never matched as one
+    collective, however alike their order. One communicator: every all-to-all matched, as before;
+    the same calls on two communicators of 2 ranks each, one process of each here: none matched (the
+    first SendRecv kernel, launched before the window, names no communicator and still pairs)."""
+    same, apart = tmp_path / "same.sqlite", tmp_path / "apart.sqlite"
+    _fill(BEFORE, same, {144: 1, 145: 0})
+    _fill(BEFORE, apart, {144: 1, 145: 0}, comm_of={144: 0xA, 145: 0xB})
+    a, b = analyze(same), analyze(apart)
+    t = a["phases"]["trace"]["all_to_all"]
+    assert t["group"] == "nccl comm 0x0000005eedc0ffee" and t["sized_calls"] == 32 and t["time"]["calls"] == 32
+    assert a["collectives"]["matched_calls"] == 33 and b["collectives"]["matched_calls"] == 1
+    u = b["phases"]["trace"]["all_to_all"]
+    assert {u["group"], u["other_groups"][0]["group"]} == {"nccl comm 0x000000000000000a", "nccl comm 0x000000000000000b"}
+    assert u["finding"] is None and "time" not in u and "no call is held by every rank of the group" in u["note"], u

@@ -280,37 +280,62 @@ def _load_part(ex: Export, pid: int, dev: int, rank: int, first_of_process: bool
     trace = assemble(label, rank, sources, 0, ex.origin_ns(), ex.path.stat().st_size if first_of_process else 0,
                      {"format": f"nsys-sqlite {ex.version}", "pid": pid, "device": dev})
     if "NVTX_EVENTS" in ex.tables:
-        _peer_bytes(ex, pid, trace, rows, runtime)
+        _nccl_payloads(ex, pid, trace, rows, runtime)
     return trace
 
 
 _A2A_RANGES = ("nccl:all_to_all", "c10d::alltoall")  # torch's record_function names around an all-to-all
 
 
-def _peer_bytes(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtime: np.ndarray) -> None:
-    """NCCL's per-peer bytes of each grouped send/receive (nvtx_payloads.py) on the call's events: the
-    kernel its ncclGroupEnd launched and the torch all-to-all ranges around it (Trace.a2a_args, what
-    per_rank/traffic.py reads); where the export holds none, why (extra["a2a_sizes_missing"])."""
+def _nccl_payloads(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtime: np.ndarray) -> None:
+    """What NCCL's NVTX payloads (nvtx_payloads.py) say of this part's calls: each grouped
+    send/receive's per-peer bytes on the call's events, the kernel its ncclGroupEnd launched and the
+    torch all-to-all ranges around it (Trace.a2a_args, what per_rank/traffic.py reads); each kernel's
+    communicator as its process group (args "Process Group Name", and "Group size" where the
+    communicator's ncclCommInitRank is in the export), so calls of different communicators are never
+    matched as one; where the export holds no sizes, why (extra["a2a_sizes_missing"])."""
     if ex.payload_schemas:  # the blobs too: one more query of this process's NCCL ranges
-        rows = ex.nccl_rows(pid, nvtx_payloads.GROUP_NAMES)
+        rows = ex.nccl_rows(pid, (), like="nccl%")
     else:  # the ranges already read, in (thread, start) order
         rows = sorted(((s, e, t, n, None) for s, e, t, n in nvtx if n in nvtx_payloads.GROUP_NAMES),
                       key=lambda r: (r[2], r[0]))
     sends = sum(1 for r in rows if r[3] in ("ncclSend", "ncclRecv", *nvtx_payloads.ALLTOALL_NAMES))
-    got = []
+    gs, got, ranks = [], [], {}
     if any(r[4] is not None for r in rows):
-        inits = ex.nccl_rows(pid, (), like=nvtx_payloads.INIT_PREFIX + "%")
-        got = nvtx_payloads.splits(nvtx_payloads.groups(rows, ex.payload_schemas),
-                                   nvtx_payloads.comm_ranks([(r[3], r[4]) for r in inits], ex.payload_schemas))
+        inits = [(r[3], r[4]) for r in rows if isinstance(r[3], str) and r[3].startswith(nvtx_payloads.INIT_PREFIX)]
+        ranks = nvtx_payloads.comm_ranks(inits, ex.payload_schemas)
+        gs = nvtx_payloads.groups(rows, ex.payload_schemas)
+        got = nvtx_payloads.splits(gs, ranks)
     why = nvtx_payloads.missing_reason(ex.db, ex.tables, ex.nvtx_columns, sends, len(got),
                                        any(isinstance(n, str) and n.startswith("nccl") and not n.startswith("nccl:")
                                            for *_, n in nvtx))
     if why:
         trace.extra["a2a_sizes_missing"] = why
-    if not got:
+    if not gs:
         return
     dev = trace.is_device()
     kernels = {int(trace.arg_corr[i]): i for i in np.flatnonzero(dev & (trace.arg_corr > 0)).tolist()}
+    runtime = runtime[np.lexsort((runtime[:, 0], runtime[:, 3]))] if len(runtime) else runtime  # by thread, start
+    threads, first = np.unique(runtime[:, 3], return_index=True) if len(runtime) else (runtime[:0, 0], runtime[:0, 0])
+    bounds = dict(zip(threads.tolist(), zip(first.tolist(), np.r_[first[1:], len(runtime)].tolist())))
+
+    def launched(g) -> list[int]:
+        """The kernels whose launch lies inside the group's ncclGroupEnd (its own range, ungrouped)."""
+        lo, hi = bounds.get(g.tid, (0, 0))
+        r = runtime[lo:hi]
+        a, b = np.searchsorted(r[:, 0], g.end_start, "left"), np.searchsorted(r[:, 0], g.end, "right")
+        return [i for c in r[a:b][r[a:b, 1] <= g.end, 4].tolist() if (i := kernels.get(int(c))) is not None]
+
+    names: dict[int, int] = {}  # communicator -> its args row
+    for g in gs:
+        if g.comm is None or not 0 <= g.comm < 1 << 64:
+            continue
+        if g.comm not in names:
+            names[g.comm] = len(trace.arg_dicts)
+            trace.arg_dicts.append({"Process Group Name": f"nccl comm 0x{g.comm:016x}",
+                                    **({"Group size": ranks[g.comm][1]} if g.comm in ranks else {})})
+        for i in launched(g):
+            trace.arg_row[i] = names[g.comm]
     at: dict[float, list[int]] = {}  # host events by start (µs, as assemble computed it)
     for i in np.flatnonzero(~dev).tolist():
         at.setdefault(float(trace.ts[i]), []).append(i)
@@ -320,15 +345,11 @@ def _peer_bytes(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtime: 
             ranges.setdefault(t, []).append((s, e, n))
     starts = {t: [x[0] for x in v] for t, v in ranges.items()}
     for g, args in got:
-        launched = runtime[(runtime[:, 3] == g.tid) & (runtime[:, 0] >= g.end_start) & (runtime[:, 1] <= g.end)] \
-            if len(runtime) else runtime
-        for c in launched[:, 4].tolist():
-            if (i := kernels.get(int(c))) is not None:
-                trace.a2a_args[i] = args
+        for i in launched(g):
+            trace.a2a_args[i] = args
         j = bisect.bisect_right(starts.get(g.tid, []), g.start)
         for s, e, n in ranges.get(g.tid, [])[max(0, j - 4):j]:  # the few nested ranges just before it
             if e >= g.end:
                 for i in at.get(s / 1000.0, []):
                     if trace.names[trace.name_id[i]] == n:
                         trace.a2a_args[i] = args
-

@@ -99,7 +99,10 @@ def groups(rows: list[tuple], known: dict) -> list[Group]:
     """The grouped sends and receives of (start, end, tid, name, blob) rows in (tid, start) order.
     Nested groups are one (NCCL launches at the outermost ncclGroupEnd); a send outside a group is
     a single p2p op, not an all-to-all, and is not kept. An ncclAlltoAll outside a group is a group of
-    its own, its kernel launched inside its range; its payload's size is per peer (count x type size)."""
+    its own, its kernel launched inside its range; its payload's size is per peer (count x type size).
+    Any other NCCL call outside a group whose payload names its communicator (ncclAllReduce, ...)
+    is a group of its own with no sizes: it names the communicator of the kernel it launches; inside a
+    group, it names the group's."""
     out: list[Group] = []
     depth: dict[int, int] = {}
     cur: dict[int, Group] = {}
@@ -109,6 +112,14 @@ def groups(rows: list[tuple], known: dict) -> list[Group]:
             size = next((p[k] for k in BYTES_KEYS if k in p), None)
             if size is not None and 0 <= size <= MAX_BYTES:
                 out.append(Group(tid, start, start, end, p.get("NCCL communicator ID"), ops=1, uniform=size))
+        elif isinstance(name, str) and name.startswith("nccl") and name not in GROUP_NAMES and blob is not None:
+            comm = (decode(blob, known) or {}).get("NCCL communicator ID")
+            if comm is None:
+                continue
+            if tid in cur:
+                cur[tid].comm = comm if cur[tid].comm is None else cur[tid].comm
+            else:
+                out.append(Group(tid, start, start, end, comm))
         elif name == "ncclGroupStart":
             if depth.get(tid, 0) == 0:
                 cur[tid] = Group(tid, start, end, end)
