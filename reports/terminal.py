@@ -197,6 +197,8 @@ def render_analysis(result: dict, console: Console, wide: bool = False) -> None:
         for r in coll["ranks"]:
             t.add_row(str(r["rank"]), str(r["calls"]), f"{r['transfer_us']:.0f}", f"{r['wait_us']:.0f}", str(r["times_last"]))
         console.print(t)
+        if coll.get("group_rule"):
+            console.print(escape(f"note: {coll['group_rule']}"), highlight=False)
     if result["message_sizes"]:
         from commprobe.common.units import human_size
 

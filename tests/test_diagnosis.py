@@ -233,3 +233,22 @@ def test_a_straggler_is_named_only_with_a_lead_beyond_the_noise():
     assert s.top == 0 and s.name is None and s.lead < 1.5
     s = standing({1: np.array([7000.0, 0, 0, 0, 0, 0]), 0: np.array([0, 3000.0, 0, 0, 0, 0])})
     assert s.top == 1 and s.lead > 1.5 and s.name is None and s.z < 2
+
+
+def test_matching_says_when_calls_record_no_group_size_among_three_ranks_or_more():
+    """Two ranks: any call both hold is the pair's. Three or more with no group size recorded: each
+    key was taken as one collective of every rank holding it, which two groups of one name would
+    share; the result says so (`group_rule`), and says nothing where the sizes are recorded."""
+    import numpy as np
+
+    from commprobe.analyzers.cross_rank.matching import match
+
+    spans = [(0, 10), (100, 110)]
+    assert "group_rule" not in match({0: _calls(spans), 1: _calls(spans)})
+    unsized = {r: _calls(spans) for r in range(4)}
+    for c in unsized.values():
+        c.group_size = np.zeros(2, np.int64)
+    out = match(unsized)
+    assert out["matched_calls"] == 2 and out["group_rule"].startswith("2 of 2 matched call(s) record no group size")
+    sized = {r: _calls(spans) for r in range(4)}  # a recorded size of 2 among 4 ranks: no call is whole, no rule
+    assert "group_rule" not in match(sized) and match(sized)["matched_calls"] == 0

@@ -210,6 +210,11 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
              "caused_wait_us": float(per["caused_wait_us"][i]), "held_us": float(per["held_us"][i]),
              "carried_us": float(per["carried_us"][i])}
             for i, r in enumerate(ranks)]
+    # with 3 or more ranks, a key whose calls record no group size was taken as one collective of every
+    # rank holding it: two groups sharing a name (the TP pairs of a TP x DP job named by axis) cannot be told apart
+    unsized = 0
+    if nr >= 3 and len(first):
+        unsized = int((full & (np.maximum.reduceat(gsize[order], first) == 0)).sum())
     standing = stands_out({r: float(per["caused_wait_us"][i]) for i, r in enumerate(ranks)},
                           {r: float(per["caused_sq"][i]) for i, r in enumerate(ranks)}, member_calls) \
         if matched else Standing(None, None, 0.0, None, None)
@@ -218,7 +223,11 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
              for i, r in enumerate(ranks)}
     return {"matched_calls": matched, "arrival_rule": rule, "ranks": rows, "straggler": standing.name,
             "straggler_rule": standing.rule(),
-            "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits}
+            "offsets_us": {str(r): offsets.get(r, 0.0) for r in ranks}, "_waits": waits,
+            **({"group_rule": f"{unsized} of {matched} matched call(s) record no group size: each was taken as one "
+                              "collective of every rank holding its key (group name, op, order), which two groups of "
+                              "one name would share (the TP pairs of a TP x DP job, named by their axis alone); calls "
+                              "of such groups cannot be told apart here"} if unsized else {})}
 
 
 def _exit_skew(key: np.ndarray, rank_pos: np.ndarray, end: np.ndarray, last_pos: np.ndarray,
