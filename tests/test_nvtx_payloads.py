@@ -55,7 +55,7 @@ def test_the_real_exports_are_cp_all_to_all_whose_sizes_the_export_left_out():
     assert line.startswith("CP all-to-all (sequence-parallel attention), trace:") and "EP" not in line
 
 
-def _fill(src, dst, rank_of: dict[int, int], comm_of: dict[int, int] | None = None):
+def _fill(src, dst, rank_of: dict[int, int], comm_of: dict[int, int] | None = None, init: bool = True):
     """A copy of the real export with what `nsys export --include-blobs=true` would have added: each
     ncclSend/ncclRecv range's payload blob (32-byte header, then comm id, bytes, peer: the export's
     own schema for it) and one ncclCommInitRank range per process giving it the rank `rank_of[pid]`,
@@ -97,7 +97,8 @@ def _fill(src, dst, rank_of: dict[int, int], comm_of: dict[int, int] | None = No
             size = out[-1][0 if name == "ncclSend" else 1][peer]
             db.execute("UPDATE NVTX_EVENTS SET binaryData = ? WHERE rowid = ?",
                        (blob(16777226 if name == "ncclSend" else 16777225, struct.pack("<QQi", own, size, peer)), rowid))
-        _init_range(db, rows[0], blob(16777218, struct.pack("<Qiii", own, 2, rank, 0)))
+        if init:
+            _init_range(db, rows[0], blob(16777218, struct.pack("<Qiii", own, 2, rank, 0)))
         written[pid] = out
     return _blobs_exported(db, written)
 
@@ -315,3 +316,8 @@ def test_each_kernel_is_named_by_its_communicator_and_two_communicators_are_neve
     u = b["phases"]["trace"]["all_to_all"]
     assert {u["group"], u["other_groups"][0]["group"]} == {"nccl comm 0x000000000000000a", "nccl comm 0x000000000000000b"}
     assert u["finding"] is None and "time" not in u and "no call is held by every rank of the group" in u["note"], u
+    # without ncclCommInitRank in the window (its size then from the peers its sends name): the same matching
+    for comm_of, matched in ((None, 33), ({144: 0xA, 145: 0xB}, 1)):
+        p = tmp_path / f"no-init-{matched}.sqlite"
+        _fill(BEFORE, p, {144: 1, 145: 0}, comm_of=comm_of, init=False)
+        assert analyze(p)["collectives"]["matched_calls"] == matched

@@ -326,6 +326,13 @@ def _nccl_payloads(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtim
         a, b = np.searchsorted(r[:, 0], g.end_start, "left"), np.searchsorted(r[:, 0], g.end, "right")
         return [i for c in r[a:b][r[a:b, 1] <= g.end, 4].tolist() if (i := kernels.get(int(c))) is not None]
 
+    # a communicator's size: its ncclCommInitRank's, else the peers its sends and receives name (an
+    # all-to-all names every peer it sends anything); unknown otherwise, and its calls are then matched
+    # only where every rank present holds them
+    size = {c: n for c, (_, n) in ranks.items() if c is not None}
+    for g in gs:
+        if g.comm is not None and g.comm not in ranks and (g.send or g.recv):
+            size[g.comm] = max(size.get(g.comm, 0), 1 + max((*g.send, *g.recv)))
     names: dict[int, int] = {}  # communicator -> its args row
     for g in gs:
         if g.comm is None or not 0 <= g.comm < 1 << 64:
@@ -333,7 +340,7 @@ def _nccl_payloads(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtim
         if g.comm not in names:
             names[g.comm] = len(trace.arg_dicts)
             trace.arg_dicts.append({"Process Group Name": f"nccl comm 0x{g.comm:016x}",
-                                    **({"Group size": ranks[g.comm][1]} if g.comm in ranks else {})})
+                                    **({"Group size": size[g.comm]} if g.comm in size else {})})
         for i in launched(g):
             trace.arg_row[i] = names[g.comm]
     at: dict[float, list[int]] = {}  # host events by start (µs, as assemble computed it)
