@@ -300,8 +300,13 @@ def test_a_worker_starved_of_cpu_is_named_the_straggler(vllm_server, vllm_profil
             # arrived (the last arriver's time there is transfer): one suite run's prefill read
             # imbalance-bound, mixed, waiting 31 % of end-to-end and 98 % of it caused by worker 0
             assert c["class"] in ("skew-dominated", "mixed"), (ph, line)
-            assert c["wait_caused_by"].get(str(starved), 0) > 0.5, (ph, line)
             assert c["culprit"] in (starved, None), (ph, line)
+            # a culprit named is the starved worker, and caused most of the phase's waiting; where none is
+            # named, the split is what the stops made it: one CI run's decode waited 22 % of end-to-end,
+            # 55 % of it caused by the *unstarved* worker (the stops fell while the starved one was ahead),
+            # and named no one, rightly, while the run's straggler was the starved worker
+            if c["culprit"] == starved:
+                assert c["wait_caused_by"].get(str(starved), 0) > 0.5, (ph, line)
     assert any(c["culprit"] == starved for c in causes.values()), line
     if starved == 1:  # the same capture in Perfetto: every event of each worker, the waits named
         _perfetto_checks(tmp_path, traces, r, prof)
