@@ -27,7 +27,7 @@ def main(repeats: int = 3000, rounds: int = 5) -> None:
         p = Path(d) / "blobs.sqlite"
         _fill(BEFORE, p, {144: 1, 145: 0})
         ex = Export(p)
-        rows = ex.nccl_rows(144, nv.GROUP_NAMES)
+        rows = [r for r in ex.nccl_rows(144, "nccl%") if r[3] in nv.GROUP_NAMES]
         big = [(s + k * 10**9, e + k * 10**9, t, n, b) for k in range(repeats) for s, e, t, n, b in rows]
         times = []
         for _ in range(rounds):

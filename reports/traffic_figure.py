@@ -1,5 +1,6 @@
-"""The all-to-all traffic of an analysis (EP's, or CP's sequence-parallel attention's) as pictures for the HTML report: per phase with a sized
-matrix, a heatmap of bytes per (sender, receiver) pair and each rank's received bytes as bars."""
+"""The all-to-all traffic of an analysis (EP's, or CP's sequence-parallel attention's) as pictures
+for the HTML report: per phase with a sized matrix, a heatmap of bytes per (sender, receiver) pair
+and each rank's received bytes as bars."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The all-to-all traffic (EP's, or CP's sequence-parallel attention's) of an analysis (phases' `all_to_all`, cross_rank/traffic.py) in the
-terminal: one line per phase, and the dispatch matrix where it is small enough to read."""
+"""The all-to-all traffic of an analysis (EP's, or CP's sequence-parallel attention's: phases'
+`all_to_all`, cross_rank/traffic.py) in the terminal: one line per phase, and the dispatch matrix
+where it is small enough to read."""
 
 from __future__ import annotations
 

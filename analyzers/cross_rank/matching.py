@@ -32,17 +32,18 @@ def _global_keys(calls_by_rank: dict[int, Calls]) -> dict[int, np.ndarray]:
     return out
 
 
-def _expected(key: np.ndarray, gsize: np.ndarray, nr: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(order, first, count, expected): the calls sorted by key (stable: rank order within a key),
-    where each key's run begins, how many calls hold it, and how many should: its recorded group
-    size (the largest its calls record) capped at the ranks present, or every rank without one."""
+def _expected(key: np.ndarray, gsize: np.ndarray, nr: int) -> tuple[np.ndarray, ...]:
+    """(order, first, count, expected, recorded): the calls sorted by key (stable: rank order within
+    a key), where each key's run begins, how many calls hold it, and how many should: its recorded
+    group size (`recorded`, the largest its calls record, 0 for none) capped at the ranks present,
+    or every rank without one."""
     order = np.argsort(key, kind="stable")
     first = group_starts(key[order])
     count = np.diff(np.r_[first, len(key)])
     if not len(first):
-        return order, first, count, count
+        return order, first, count, count, count
     gs = np.maximum.reduceat(gsize[order], first) if len(gsize) else np.zeros(len(first), np.int64)
-    return order, first, count, np.where(gs > 0, np.minimum(gs, nr), nr)
+    return order, first, count, np.where(gs > 0, np.minimum(gs, nr), nr), gs
 
 
 def align_offsets(calls_by_rank: dict[int, Calls]) -> dict[int, float]:
@@ -113,7 +114,7 @@ def _out_of_order(calls_by_rank: dict[int, Calls], offsets: dict[int, float]) ->
     start = np.concatenate([calls_by_rank[r].start - offsets.get(r, 0.0) for r in ranks])
     end = np.concatenate([calls_by_rank[r].end - offsets.get(r, 0.0) for r in ranks])
     gsize = np.concatenate([calls_by_rank[r].group_size for r in ranks]).astype(np.int64)
-    order, first, count, expected = _expected(key, gsize, len(ranks))
+    order, first, count, expected, _ = _expected(key, gsize, len(ranks))
     if not len(first):
         return 0, 0
     late = np.maximum.reduceat(start[order], first)
@@ -155,7 +156,7 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
     start = np.concatenate([calls_by_rank[r].start - offsets.get(r, 0.0) for r in ranks]) if ranks else np.zeros(0)
     dur = np.concatenate([calls_by_rank[r].end - calls_by_rank[r].start for r in ranks]) if ranks else np.zeros(0)
     gsize = np.concatenate([calls_by_rank[r].group_size for r in ranks]).astype(np.int64) if ranks else key
-    order, first, size, expected = _expected(key, gsize, len(ranks))  # members of a key in rank order
+    order, first, size, expected, recorded = _expected(key, gsize, len(ranks))  # members of a key in rank order
     full = (size == expected) & (size >= 2)
     wait = np.full(len(key), np.nan)
     transfer = np.full(len(key), np.nan)
@@ -212,9 +213,7 @@ def match(calls_by_rank: dict[int, Calls], offsets: dict[int, float] | None = No
             for i, r in enumerate(ranks)]
     # with 3 or more ranks, a key whose calls record no group size was taken as one collective of every
     # rank holding it: two groups sharing a name (the TP pairs of a TP x DP job named by axis) cannot be told apart
-    unsized = 0
-    if nr >= 3 and len(first):
-        unsized = int((full & (np.maximum.reduceat(gsize[order], first) == 0)).sum())
+    unsized = int((full & (recorded == 0)).sum()) if nr >= 3 else 0
     standing = stands_out({r: float(per["caused_wait_us"][i]) for i, r in enumerate(ranks)},
                           {r: float(per["caused_sq"][i]) for i, r in enumerate(ranks)}, member_calls) \
         if matched else Standing(None, None, 0.0, None, None)

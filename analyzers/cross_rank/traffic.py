@@ -345,10 +345,11 @@ def judge(t: dict, cause: dict | None) -> None:
         noise = ("" if (cause or {}).get("culprit") == hot or z is None else
                  f"; by the waiting alone within the noise ({z:.1f} standard errors), the bytes say why")
     t["hot_rank_wait_share"] = share
+    ep = t.get("axis", "ep") == "ep"  # routing and experts are EP's words; a CP all-to-all's skew is its split
     if share >= IMBALANCE_RULE["hot_rank_wait_share_at_least"] and waiting:
         t["finding"] = (f"{t['skew']}, and the others wait for it ({share:.0%} of the waiting{noise}{cost}): "
                         + ("EP all-to-all is imbalance-bound by routing; rebalance or replicate its experts"
-                           if t.get("axis", "ep") == "ep" else
+                           if ep else
                            f"the {a2a_words(t['axis'])} is imbalance-bound by its uneven split; even out what each rank "
                            "holds (the sequence shards of sequence-parallel attention)"))
     else:
@@ -358,10 +359,10 @@ def judge(t: dict, cause: dict | None) -> None:
         _add_note(t, f"{t['skew']}, {'and' if high else 'but'} it caused {share:.0%} of the waiting"
                      + (f" ({who})" if who else "") + ("" if waiting else f"{', but' if high else ', and'} transfer "
                                                        "outweighs waiting") + cost + ": "
-                     + _bound(split, "the routing skew" if t.get("axis", "ep") == "ep" else "the uneven split"))
+                     + _bound(split, "the routing skew" if ep else "the uneven split"))
 
 
-def _bound(split: dict | None, skew: str = "the routing skew") -> str:
+def _bound(split: dict | None, skew: str) -> str:
     """What the skew can account for when the measured waiting does not make it the cause: where the
     extra bytes' upper bound could tip it, that the trace cannot tell (bandwidth- or latency-bound)."""
     if split:

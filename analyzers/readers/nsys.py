@@ -90,6 +90,7 @@ class Export:
             raise TraceError(f"{path}: an Nsight Systems export without CUDA activity (no CUPTI_ACTIVITY_KIND_KERNEL "
                              f"or _RUNTIME table; was CUDA traced?)")
         self.strings: dict[int, object] = {}
+        self._comm_ranks: dict[int, dict] = {}
 
     def _version(self) -> str:
         for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
@@ -136,38 +137,50 @@ class Export:
         return {r[1] for r in self.db.execute("PRAGMA table_info(NVTX_EVENTS)")} if "NVTX_EVENTS" in self.tables else set()
 
     @cached_property
+    def blobs_flag(self) -> str | None:
+        """The export's EXPORT_PARAM_INCLUDE_BLOBS (nvtx_payloads.export_flag), asked once."""
+        return nvtx_payloads.export_flag(self.db, self.tables)
+
+    @cached_property
     def payload_schemas(self) -> dict:
         """NVTX payload schemas (nvtx_payloads.schemas), where the export may hold blobs to decode with
         them: a binaryData column, and not exported with EXPORT_PARAM_INCLUDE_BLOBS false (so an export
         without blobs costs no query of its NVTX rows beyond the one every export has)."""
-        if "binaryData" not in self.nvtx_columns or nvtx_payloads.export_flag(self.db, self.tables) == "false":
+        if "binaryData" not in self.nvtx_columns or self.blobs_flag == "false":
             return {}
         return nvtx_payloads.schemas(self.db, self.tables)
 
-    def nccl_rows(self, pid: int, names: tuple[str, ...], like: str | None = None) -> list[tuple]:
-        """(start, end, globalTid, name, blob) of this process's NCCL ranges named `names` (or LIKE
-        `like`), in (thread, start) order; the blob None where the export has none."""
+    def nccl_rows(self, pid: int, like: str) -> list[tuple]:
+        """(start, end, globalTid, name, blob) of this process's ranges whose name is LIKE `like`, in
+        (thread, start) order; the blob None where the export has none."""
         blob = "n.binaryData" if self.payload_schemas else "NULL"
         text = "coalesce(n.text, s.value, '')"
-        where = f"{text} LIKE ?" if like else f"{text} IN ({','.join('?' * len(names))})"
         rows = self.db.execute(
             f"SELECT n.start, n.end, n.globalTid, {text}, {blob} FROM NVTX_EVENTS n LEFT JOIN StringIds s "
-            f"ON s.id = n.textId WHERE {where} AND {_NVTX_TPID} = ? AND n.end IS NOT NULL "
-            "ORDER BY n.globalTid, n.start LIMIT 10000000", ((like,) if like else names) + (pid,)).fetchall()
+            f"ON s.id = n.textId WHERE {text} LIKE ? AND {_NVTX_TPID} = ? AND n.end IS NOT NULL "
+            "ORDER BY n.globalTid, n.start LIMIT 10000000", (like, pid)).fetchall()
         return [r for r in rows if int64_row(r[:3])]
+
+    def comm_ranks(self, pid: int) -> dict:
+        """This process's rank and size in each communicator (nvtx_payloads.comm_ranks) from its
+        ncclCommInitRank payloads, decoded once per process (the rank rules and the reader both ask);
+        {} without blobs."""
+        if pid not in self._comm_ranks:
+            self._comm_ranks[pid] = nvtx_payloads.comm_ranks(
+                [(r[3], r[4]) for r in self.nccl_rows(pid, nvtx_payloads.INIT_PREFIX + "%")],
+                self.payload_schemas) if self.payload_schemas else {}
+        return self._comm_ranks[pid]
 
     def nccl_rank(self, pid: int) -> int | None:
         """The rank NCCL gave this process in its largest communicator (the world's): the "Rank" and
         "No. of ranks" entries of the ncclCommInitRank range's NVTX payload (NVIDIA/nccl
-        src/include/nvtx_payload_schemas.h), which nsys exports as the range's JSON text. None where
-        the export has no payloads, or the largest communicator gives this process two ranks (one
+        src/include/nvtx_payload_schemas.h): from its blob (`nsys export --include-blobs=true`), else
+        from the range's JSON text (`--include-json=true`; a shape no real export has shown yet). None
+        where the export has no payloads, or the largest communicator gives this process two ranks (one
         process driving several devices: each part's rank is told apart by the rules after)."""
         cols = self.nvtx_columns
-        if self.payload_schemas:  # the payload's blob (`nsys export --include-blobs=true`)
-            ranks = nvtx_payloads.comm_ranks([(r[3], r[4]) for r in self.nccl_rows(
-                pid, (), like=nvtx_payloads.INIT_PREFIX + "%")], self.payload_schemas)
-            if None in ranks:
-                return ranks[None][0]
+        if None in (ranks := self.comm_ranks(pid)):
+            return ranks[None][0]
         if not {"jsonText", "jsonTextId"} & cols:
             return None
         js = ("coalesce(n.jsonText, j.value)" if {"jsonText", "jsonTextId"} <= cols
@@ -295,18 +308,17 @@ def _nccl_payloads(ex: Export, pid: int, trace: Trace, nvtx: list[tuple], runtim
     communicator's ncclCommInitRank is in the export), so calls of different communicators are never
     matched as one; where the export holds no sizes, why (extra["a2a_sizes_missing"])."""
     if ex.payload_schemas:  # the blobs too: one more query of this process's NCCL ranges
-        rows = ex.nccl_rows(pid, (), like="nccl%")
+        rows = ex.nccl_rows(pid, "nccl%")
     else:  # the ranges already read, in (thread, start) order
         rows = sorted(((s, e, t, n, None) for s, e, t, n in nvtx if n in nvtx_payloads.GROUP_NAMES),
                       key=lambda r: (r[2], r[0]))
     sends = sum(1 for r in rows if r[3] in ("ncclSend", "ncclRecv", *nvtx_payloads.ALLTOALL_NAMES))
     gs, got, ranks = [], [], {}
     if any(r[4] is not None for r in rows):
-        inits = [(r[3], r[4]) for r in rows if isinstance(r[3], str) and r[3].startswith(nvtx_payloads.INIT_PREFIX)]
-        ranks = nvtx_payloads.comm_ranks(inits, ex.payload_schemas)
+        ranks = ex.comm_ranks(pid)
         gs = nvtx_payloads.groups(rows, ex.payload_schemas)
         got = nvtx_payloads.splits(gs, ranks)
-    why = nvtx_payloads.missing_reason(ex.db, ex.tables, ex.nvtx_columns, sends, len(got),
+    why = nvtx_payloads.missing_reason(ex.blobs_flag, "binaryData" in ex.nvtx_columns, sends, len(got),
                                        any(isinstance(n, str) and n.startswith("nccl") and not n.startswith("nccl:")
                                            for *_, n in nvtx))
     if why:

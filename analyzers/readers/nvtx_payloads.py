@@ -13,8 +13,9 @@ In the SQLite export the schemas are tables (NVTX_PAYLOAD_SCHEMAS: payloadSize p
 schemaId); NVTX_PAYLOAD_SCHEMA_ENTRIES: name, type and offset of each field, the first field's
 offset NULL) and each range's values a blob (NVTX_EVENTS.binaryData): a 32-byte header of
 little-endian u64s (domain id, schema id, payload size, then one that nsys-ai's two readers take for
-the total size and for the payload's offset, 32: not read here) and the payload's bytes from byte 32. `nsys export` writes the blobs only when asked (`--include-blobs=true`; 2026.2's default
-is false, EXPORT_PARAM_INCLUDE_BLOBS in META_DATA_EXPORT): the real FastVideo exports in
+the total size and for the payload's offset, 32: not read here) and the payload's bytes from byte
+32. `nsys export` writes the blobs only when asked (`--include-blobs=true`; 2026.2's default is
+false, EXPORT_PARAM_INCLUDE_BLOBS in META_DATA_EXPORT): the real FastVideo exports in
 tests/data/traces/nsys-ai-fastvideo hold the schema tables and every NCCL range but no blob, and
 what cannot be told is then said with the command that would tell it (`missing_reason`).
 Field types and widths are NVTX's (nvToolsExtPayload.h, NVTX_PAYLOAD_ENTRY_TYPE_*; LP64).
@@ -205,10 +206,10 @@ def export_flag(db: sqlite3.Connection, tables: set[str]) -> str | None:
     return row[0] if row and isinstance(row[0], str) else None
 
 
-def missing_reason(db: sqlite3.Connection, tables: set[str], nvtx_columns: set[str], sends: int, decoded: int,
-                   nccl_ranges: bool) -> str | None:
+def missing_reason(flag: str | None, blob_column: bool, sends: int, decoded: int, nccl_ranges: bool) -> str | None:
     """Why an export's all-to-alls carry no sizes, in the words that would mend it; None where it
-    has them. `nccl_ranges`: whether NCCL's own API ranges are in the export at all."""
+    has them. `flag`: its EXPORT_PARAM_INCLUDE_BLOBS (export_flag); `blob_column`: whether
+    NVTX_EVENTS has binaryData; `nccl_ranges`: whether NCCL's own API ranges are in it at all."""
     if decoded:
         return None
     if not sends and nccl_ranges:
@@ -217,8 +218,7 @@ def missing_reason(db: sqlite3.Connection, tables: set[str], nvtx_columns: set[s
     if not sends:
         return ("the Nsight export holds no NCCL NVTX ranges, whose ncclSend/ncclRecv (or ncclAlltoAll) payloads carry "
                 "the sizes: profile with `nsys profile --trace=cuda,nvtx` (NCCL records NVTX by default)")
-    flag = export_flag(db, tables)
-    if "binaryData" not in nvtx_columns or flag == "false":
+    if not blob_column or flag == "false":
         return (f"the Nsight export left out the payloads of NCCL's {sends} ncclSend/ncclRecv/ncclAlltoAll NVTX "
                 "ranges, which hold the sizes" + (" (EXPORT_PARAM_INCLUDE_BLOBS false)" if flag == "false" else "")
                 + ": export the report again with `nsys export --type sqlite --include-blobs=true`")
